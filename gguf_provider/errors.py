@@ -1,0 +1,115 @@
+"""The exception hierarchy of gguf-provider.
+
+Every error the library raises on purpose derives from :class:`GGUFProviderError` and says what to do next.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class GGUFProviderError(Exception):
+    """Base class of every gguf-provider error."""
+
+
+# --- llama-server binary -------------------------------------------------------------------------------------
+
+
+class BinaryNotFoundError(GGUFProviderError):
+    """No llama-server binary could be found."""
+
+
+class BuildError(GGUFProviderError):
+    """Fetching or building llama.cpp failed."""
+
+    def __init__(self, message: str, log_path: Path | None = None) -> None:
+        super().__init__(message)
+        self.log_path = log_path
+
+
+# --- models --------------------------------------------------------------------------------------------------
+
+
+class ModelError(GGUFProviderError):
+    """A model could not be resolved or read."""
+
+
+class ModelNotFoundError(ModelError):
+    """The model spec names nothing that exists locally or on the hub."""
+
+
+class UnknownQuantError(ModelNotFoundError):
+    """The requested quant is not available in the repository."""
+
+    def __init__(self, message: str, available: dict[str, int] | None = None) -> None:
+        super().__init__(message)
+        self.available = available or {}
+
+
+class MissingShardError(ModelError):
+    """A split GGUF is missing one or more of its shards."""
+
+
+class GGUFFormatError(ModelError):
+    """The file is not a valid GGUF file (wrong magic, truncated, or absurd values)."""
+
+
+class InsufficientDiskError(ModelError):
+    """Not enough free disk space to download a model."""
+
+
+class InsufficientMemoryError(GGUFProviderError):
+    """The model does not fit in the available memory at any usable context."""
+
+
+# --- server --------------------------------------------------------------------------------------------------
+
+
+class ServerError(GGUFProviderError):
+    """A llama-server process failed."""
+
+    def __init__(self, message: str, log_tail: str = "", log_path: Path | None = None) -> None:
+        if log_tail:
+            message = f"{message}\n--- last llama-server log lines ({log_path}) ---\n{log_tail}"
+        elif log_path is not None:
+            message = f"{message} (log: {log_path})"
+        super().__init__(message)
+        self.log_tail = log_tail
+        self.log_path = log_path
+
+
+class ServerStartError(ServerError):
+    """llama-server exited or never became healthy while starting."""
+
+
+class ServerCrashedError(ServerError):
+    """llama-server died while serving a request."""
+
+
+class ServerTimeoutError(ServerError):
+    """llama-server did not answer within the timeout."""
+
+
+class ServerConnectionError(ServerError):
+    """The server at the given address could not be reached."""
+
+
+# --- requests ------------------------------------------------------------------------------------------------
+
+
+class APIError(GGUFProviderError):
+    """llama-server answered a request with an error."""
+
+    def __init__(self, message: str, status_code: int | None = None, body: object = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.body = body
+
+
+class ContextOverflowError(APIError):
+    """The prompt does not fit into the server's context window."""
+
+    def __init__(self, message: str, n_prompt_tokens: int | None = None, n_ctx: int | None = None) -> None:
+        super().__init__(message, status_code=400)
+        self.n_prompt_tokens = n_prompt_tokens
+        self.n_ctx = n_ctx
