@@ -1,0 +1,65 @@
+"""gguf-provider: local GGUF models as first-class citizens of LangChain, LlamaIndex and Jupyter.
+
+Importing this package imports neither LangChain nor LlamaIndex: the adapters load on first access.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .errors import (
+    APIError,
+    BinaryNotFoundError,
+    BuildError,
+    ContextOverflowError,
+    GGUFFormatError,
+    GGUFProviderError,
+    InsufficientDiskError,
+    InsufficientMemoryError,
+    MissingShardError,
+    ModelError,
+    ModelNotFoundError,
+    ServerConnectionError,
+    ServerCrashedError,
+    ServerError,
+    ServerStartError,
+    ServerTimeoutError,
+    UnknownQuantError,
+)
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from .langchain import ChatGGUF, GGUFEmbeddings
+
+_LAZY = {
+    "ChatGGUF": ("gguf_provider.langchain", "langchain", "langchain_core"),
+    "GGUFEmbeddings": ("gguf_provider.langchain", "langchain", "langchain_core"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module, extra, dep = _LAZY[name]
+        import importlib
+        import importlib.util
+
+        if importlib.util.find_spec(dep) is None:
+            raise ImportError(f"{name} needs {dep}: pip install 'gguf-provider[{extra}]'")
+        return getattr(importlib.import_module(module), name)
+    raise AttributeError(f"module 'gguf_provider' has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext gguf_provider``: register the %gguf / %%gguf magics."""
+    from .magics import load_ipython_extension as _load
+
+    _load(ipython)
+
+
+__all__ = [
+    "APIError", "BinaryNotFoundError", "BuildError", "ChatGGUF", "ContextOverflowError", "GGUFEmbeddings",
+    "GGUFFormatError", "GGUFProviderError", "InsufficientDiskError", "InsufficientMemoryError", "MissingShardError",
+    "ModelError", "ModelNotFoundError", "ServerConnectionError", "ServerCrashedError", "ServerError",
+    "ServerStartError", "ServerTimeoutError", "UnknownQuantError", "__version__",
+]

@@ -113,3 +113,7 @@ class ContextOverflowError(APIError):
         super().__init__(message, status_code=400)
         self.n_prompt_tokens = n_prompt_tokens
         self.n_ctx = n_ctx
+
+
+class ModelDownloadError(ModelError):
+    """Downloading a model failed or left an incomplete file (nothing partial is ever returned as a model)."""

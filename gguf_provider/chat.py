@@ -1,0 +1,207 @@
+"""Chat requests on an :class:`~gguf_provider.engine.Engine`, shared by every adapter.
+
+Builds the payload (sampling, reasoning switch, tool choice enforcement) and post-processes the event stream
+(forced tool calls and healed text calls become :class:`ToolCallDelta` events), so adapters only translate events
+into their framework's types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from .client import Event, Finish, ReasoningDelta, TextDelta, Timings, ToolCallDelta, Usage
+from .engine import Engine
+from .tools import ToolCall, could_be_tool_call, forced_schema, heal_tool_calls, parse_forced, tool_name
+
+Reasoning = bool | str | None
+REASONING_EFFORTS = ("low", "medium", "high")
+
+
+def normalize_tool_choice(choice: Any) -> str | None:
+    """"auto" | "none" | "required" | "name:<tool>" | None, from every form LangChain/OpenAI users write."""
+    if choice is None:
+        return None
+    if choice is True or choice in ("any", "required"):
+        return "required"
+    if choice is False:
+        return "none"
+    if isinstance(choice, dict):
+        fn = choice.get("function") or choice
+        if fn.get("name"):
+            return f"name:{fn['name']}"
+        ctype = choice.get("type")
+        return normalize_tool_choice(ctype) if ctype in ("auto", "none", "any", "required") else None
+    if isinstance(choice, str):
+        return choice if choice in ("auto", "none") else f"name:{choice}"
+    raise ValueError(f"unsupported tool_choice {choice!r}")
+
+
+@dataclass
+class ChatRequest:
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    tool_choice: str | None = None  # normalized, see normalize_tool_choice
+    response_format: dict[str, Any] | None = None
+    params: dict[str, Any] = field(default_factory=dict)  # sampling and max_tokens, OpenAI names
+    reasoning: Reasoning = None
+    heal_tool_calls: bool = True
+
+    @property
+    def forced(self) -> list[str] | None:
+        """The tool names a forced choice allows, or None when the choice is not forced."""
+        if not self.tools or self.tool_choice is None:
+            return None
+        if self.tool_choice == "required":
+            return [tool_name(t) for t in self.tools]
+        if self.tool_choice.startswith("name:"):
+            return [self.tool_choice[5:]]
+        return None
+
+    def payload(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"messages": self.messages}
+        body.update({k: v for k, v in self.params.items() if v is not None})
+        forced = self.forced
+        if self.tools and self.tool_choice != "none":
+            if forced is not None:
+                allowed = [t for t in self.tools if tool_name(t) in forced]
+                body["tools"] = allowed or self.tools
+                body["response_format"] = forced_schema(self.tools, forced)
+            else:
+                body["tools"] = self.tools
+                body["tool_choice"] = "auto"
+        if self.response_format is not None and forced is None:
+            body["response_format"] = self.response_format
+        kwargs = reasoning_kwargs(self.reasoning)
+        if kwargs:
+            body["chat_template_kwargs"] = {**kwargs, **body.get("chat_template_kwargs", {})}
+        return body
+
+
+def reasoning_kwargs(reasoning: Reasoning) -> dict[str, Any]:
+    """Template kwargs for the reasoning switch (templates read ``enable_thinking`` / ``reasoning_effort``)."""
+    if reasoning is None:
+        return {}
+    if reasoning is True:
+        return {"enable_thinking": True}
+    if reasoning is False:
+        return {"enable_thinking": False}
+    if reasoning in REASONING_EFFORTS:
+        return {"enable_thinking": True, "reasoning_effort": reasoning}
+    raise ValueError(f"reasoning must be None, True, False or one of {REASONING_EFFORTS}, not {reasoning!r}")
+
+
+class EventProcessor:
+    """Applies tool-call enforcement and healing to a raw event stream. One per request."""
+
+    def __init__(self, request: ChatRequest) -> None:
+        self.forced = request.forced is not None
+        self.names = {tool_name(t) for t in request.tools}
+        self.heal = bool(request.tools) and request.heal_tool_calls and request.tool_choice != "none" \
+            and not self.forced
+        self.buffer: list[str] = []
+        self.buffering = self.forced or self.heal
+        self.native_calls = 0
+
+    def feed(self, ev: Event) -> list[Event]:
+        if isinstance(ev, TextDelta) and self.buffering:
+            self.buffer.append(ev.text)
+            if self.forced or could_be_tool_call("".join(self.buffer)):
+                return []
+            self.buffering = False  # plainly prose: release what we held and stream on
+            text, self.buffer = "".join(self.buffer), []
+            return [TextDelta(text)]
+        if isinstance(ev, ToolCallDelta):
+            self.native_calls = max(self.native_calls, ev.index + 1)
+            return [ev]
+        if isinstance(ev, Finish):
+            return self._finish(ev)
+        return [ev]
+
+    def _finish(self, ev: Finish) -> list[Event]:
+        text, self.buffer = "".join(self.buffer), []
+        self.buffering = False
+        calls: list[ToolCall] | None = None
+        if text and self.forced:
+            call = parse_forced(text)
+            calls = [call] if call else None
+        elif text and self.heal:
+            calls = heal_tool_calls(text, self.names)
+        if calls:
+            out: list[Event] = [ToolCallDelta(self.native_calls + i, c.id, c.name, c.arguments)
+                                for i, c in enumerate(calls)]
+            out.append(Finish("tool_calls", ev.model))
+            return out
+        return ([TextDelta(text)] if text else []) + [ev]
+
+
+def stream(engine: Engine, request: ChatRequest) -> Iterator[Event]:
+    proc = EventProcessor(request)
+    for ev in engine.stream(request.payload()):
+        yield from proc.feed(ev)
+
+
+async def astream(engine: Engine, request: ChatRequest) -> AsyncIterator[Event]:
+    proc = EventProcessor(request)
+    async for ev in engine.astream(request.payload()):
+        for out in proc.feed(ev):
+            yield out
+
+
+@dataclass
+class Completion:
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    timings: dict[str, Any] = field(default_factory=dict)
+
+
+class Collector:
+    """Folds events into a :class:`Completion` (tool-call fragments joined by index)."""
+
+    def __init__(self) -> None:
+        self.result = Completion()
+        self._text: list[str] = []
+        self._reasoning: list[str] = []
+        self._calls: dict[int, ToolCall] = {}
+
+    def add(self, ev: Event) -> None:
+        if isinstance(ev, TextDelta):
+            self._text.append(ev.text)
+        elif isinstance(ev, ReasoningDelta):
+            self._reasoning.append(ev.text)
+        elif isinstance(ev, ToolCallDelta):
+            call = self._calls.get(ev.index)
+            if call is None:
+                self._calls[ev.index] = ToolCall(ev.id or "", ev.name or "", ev.arguments)
+            else:
+                call.arguments += ev.arguments
+        elif isinstance(ev, Finish):
+            self.result.finish_reason = ev.reason
+        elif isinstance(ev, Usage):
+            self.result.usage = ev
+        elif isinstance(ev, Timings):
+            self.result.timings = ev.data
+
+    def done(self) -> Completion:
+        r = self.result
+        r.content, r.reasoning = "".join(self._text), "".join(self._reasoning)
+        r.tool_calls = [self._calls[i] for i in sorted(self._calls)]
+        return r
+
+
+def complete(engine: Engine, request: ChatRequest) -> Completion:
+    col = Collector()
+    for ev in stream(engine, request):
+        col.add(ev)
+    return col.done()
+
+
+async def acomplete(engine: Engine, request: ChatRequest) -> Completion:
+    col = Collector()
+    async for ev in astream(engine, request):
+        col.add(ev)
+    return col.done()

@@ -1,0 +1,322 @@
+"""The one engine client: llama-server's OpenAI-compatible API, sync and async, parsed into normalized events.
+
+Every adapter (LangChain, LlamaIndex, magics, CLI) consumes these events; none of them parses SSE itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import weakref
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from .errors import APIError, ContextOverflowError, ServerTimeoutError
+from .runtime.process import Address
+
+# --- events ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(slots=True)
+class ReasoningDelta:
+    text: str
+
+
+@dataclass(slots=True)
+class ToolCallDelta:
+    """One fragment of a tool call. ``id`` and ``name`` are set only on the first fragment of a call."""
+
+    index: int
+    id: str | None
+    name: str | None
+    arguments: str
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass(slots=True)
+class Timings:
+    """llama-server's own timings: prompt_n, prompt_ms, predicted_n, predicted_per_second, cache_n, ..."""
+
+    data: dict[str, Any]
+
+
+@dataclass(slots=True)
+class Finish:
+    reason: str | None
+    model: str | None = None
+
+
+Event = TextDelta | ReasoningDelta | ToolCallDelta | Usage | Timings | Finish
+
+
+@dataclass
+class ChatResult:
+    """A whole (non-streamed) chat completion, normalized."""
+
+    content: str
+    reasoning: str
+    tool_calls: list[dict[str, Any]]
+    finish_reason: str | None
+    model: str | None
+    usage: Usage | None
+    timings: dict[str, Any]
+    raw: dict[str, Any]
+
+
+# --- errors ----------------------------------------------------------------------------------------------------
+
+
+def error_from_body(status: int | None, body: Any) -> APIError:
+    """Map a llama-server error object (HTTP body or in-stream event) to a typed exception."""
+    err = body.get("error", body) if isinstance(body, dict) else {"message": str(body)}
+    if not isinstance(err, dict):
+        err = {"message": str(err)}
+    message = str(err.get("message") or err)
+    etype = err.get("type")
+    if etype == "exceed_context_size_error" or "exceeds the available context size" in message:
+        n_prompt, n_ctx = err.get("n_prompt_tokens"), err.get("n_ctx")
+        return ContextOverflowError(
+            f"the prompt ({n_prompt} tokens) does not fit the context window ({n_ctx} tokens): shorten the input, "
+            f"trim the history, or start the model with a larger n_ctx", n_prompt_tokens=n_prompt, n_ctx=n_ctx)
+    code = err.get("code", status)
+    return APIError(f"llama-server error{f' {code}' if code else ''}: {message}", status_code=status, body=body)
+
+
+def _raise_for_status(r: httpx.Response, body: bytes) -> None:
+    if r.status_code < 400:
+        return
+    try:
+        data: Any = json.loads(body)
+    except ValueError:
+        data = body.decode("utf-8", "replace")
+    raise error_from_body(r.status_code, data)
+
+
+# --- SSE -------------------------------------------------------------------------------------------------------
+
+
+class StreamParser:
+    """Turns chat.completion.chunk payloads into events. Tracks which tool-call indexes were already announced."""
+
+    __slots__ = ("_seen_tools",)
+
+    def __init__(self) -> None:
+        self._seen_tools: set[int] = set()
+
+    def feed_line(self, line: str) -> list[Event] | None:
+        """Events of one SSE line; None at ``[DONE]``. Raises the typed error of an in-stream error event."""
+        if not line.startswith("data:"):
+            if line.startswith("error:"):
+                raise error_from_body(None, _loads(line[6:]))
+            return []
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            return None
+        if not payload:
+            return []
+        return self.feed(_loads(payload))
+
+    def feed(self, chunk: Any) -> list[Event]:
+        if not isinstance(chunk, dict):
+            raise APIError(f"unexpected stream payload: {str(chunk)[:200]}")
+        if "error" in chunk:
+            raise error_from_body(None, chunk)
+        events: list[Event] = []
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            text = delta.get("reasoning_content")
+            if text:
+                events.append(ReasoningDelta(text))
+            text = delta.get("content")
+            if text:
+                events.append(TextDelta(text))
+            for tc in delta.get("tool_calls") or ():
+                idx = int(tc.get("index", 0))
+                fn = tc.get("function") or {}
+                first = idx not in self._seen_tools
+                if first:
+                    self._seen_tools.add(idx)
+                events.append(ToolCallDelta(idx, tc.get("id") if first else None, fn.get("name") if first else None,
+                                            fn.get("arguments") or ""))
+            if choice.get("finish_reason"):
+                events.append(Finish(choice["finish_reason"], chunk.get("model")))
+        usage = chunk.get("usage")
+        if usage:
+            events.append(_usage(usage))
+        timings = chunk.get("timings")
+        if timings:
+            events.append(Timings(timings))
+        return events
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise APIError(f"malformed stream payload from llama-server: {text[:200]!r}") from exc
+
+
+def _usage(u: dict[str, Any]) -> Usage:
+    details = u.get("prompt_tokens_details") or {}
+    return Usage(int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0),
+                 int(u.get("total_tokens") or 0), int(details.get("cached_tokens") or 0))
+
+
+def parse_completion(data: dict[str, Any]) -> ChatResult:
+    choice = (data.get("choices") or [{}])[0]
+    msg = choice.get("message") or {}
+    return ChatResult(
+        content=msg.get("content") or "", reasoning=msg.get("reasoning_content") or "",
+        tool_calls=list(msg.get("tool_calls") or []), finish_reason=choice.get("finish_reason"),
+        model=data.get("model"), usage=_usage(data["usage"]) if data.get("usage") else None,
+        timings=data.get("timings") or {}, raw=data)
+
+
+# --- client ----------------------------------------------------------------------------------------------------
+
+
+class EngineClient:
+    """HTTP client of one llama-server address. Connection failures surface as ``httpx.TransportError``; the
+    engine layer above decides whether that means a crashed server."""
+
+    def __init__(self, address: Address, *, timeout: float = 600.0, connect_timeout: float = 10.0) -> None:
+        self.address = address
+        self.timeout = httpx.Timeout(timeout, connect=connect_timeout)
+        self._client: httpx.Client | None = None
+        self._aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient]
+        self._aclients = weakref.WeakKeyDictionary()
+
+    # clients ------------------------------------------------------------------------------------------------
+
+    @property
+    def http(self) -> httpx.Client:
+        if self._client is None:
+            self._client = httpx.Client(base_url=self.address.base_url, transport=self.address.transport(),
+                                        headers=self.address.headers(), timeout=self.timeout)
+        return self._client
+
+    @property
+    def ahttp(self) -> httpx.AsyncClient:
+        """One AsyncClient per event loop: a client bound to a closed loop fails with "Event loop is closed"."""
+        loop = asyncio.get_running_loop()
+        client = self._aclients.get(loop)
+        if client is None:
+            client = httpx.AsyncClient(base_url=self.address.base_url, transport=self.address.async_transport(),
+                                       headers=self.address.headers(), timeout=self.timeout)
+            self._aclients[loop] = client
+        return client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        self._aclients.clear()
+
+    # requests -----------------------------------------------------------------------------------------------
+
+    def get_json(self, path: str) -> Any:
+        with _timeouts():
+            r = self.http.get(path)
+        _raise_for_status(r, r.content)
+        return r.json()
+
+    def post_json(self, path: str, payload: dict[str, Any]) -> Any:
+        with _timeouts():
+            r = self.http.post(path, json=payload)
+        _raise_for_status(r, r.content)
+        return r.json()
+
+    async def apost_json(self, path: str, payload: dict[str, Any]) -> Any:
+        with _timeouts():
+            r = await self.ahttp.post(path, json=payload)
+        _raise_for_status(r, r.content)
+        return r.json()
+
+    def chat(self, payload: dict[str, Any]) -> ChatResult:
+        return parse_completion(self.post_json("/v1/chat/completions", {**payload, "stream": False}))
+
+    async def achat(self, payload: dict[str, Any]) -> ChatResult:
+        return parse_completion(await self.apost_json("/v1/chat/completions", {**payload, "stream": False}))
+
+    def stream_chat(self, payload: dict[str, Any]) -> Iterator[Event]:
+        """Stream events. Closing the generator (``break`` in the consumer) closes the response, which makes
+        llama-server stop generating and free the slot."""
+        body = {**payload, "stream": True, "stream_options": {"include_usage": True}}
+        parser = StreamParser()
+        with _timeouts(), self.http.stream("POST", "/v1/chat/completions", json=body) as r:
+            if r.status_code >= 400:
+                _raise_for_status(r, r.read())
+            for line in r.iter_lines():
+                events = parser.feed_line(line)
+                if events is None:
+                    return
+                yield from events
+
+    async def astream_chat(self, payload: dict[str, Any]) -> AsyncIterator[Event]:
+        body = {**payload, "stream": True, "stream_options": {"include_usage": True}}
+        parser = StreamParser()
+        with _timeouts():
+            async with self.ahttp.stream("POST", "/v1/chat/completions", json=body) as r:
+                if r.status_code >= 400:
+                    _raise_for_status(r, await r.aread())
+                async for line in r.aiter_lines():
+                    events = parser.feed_line(line)
+                    if events is None:
+                        return
+                    for ev in events:
+                        yield ev
+
+    def tokenize(self, text: str, *, special: bool = True) -> list[int]:
+        data = self.post_json("/tokenize", {"content": text, "add_special": special, "parse_special": special})
+        return list(data.get("tokens") or [])
+
+    async def atokenize(self, text: str, *, special: bool = True) -> list[int]:
+        data = await self.apost_json("/tokenize", {"content": text, "add_special": special, "parse_special": special})
+        return list(data.get("tokens") or [])
+
+    def apply_template(self, payload: dict[str, Any]) -> str:
+        return str(self.post_json("/apply-template", payload).get("prompt") or "")
+
+    async def aapply_template(self, payload: dict[str, Any]) -> str:
+        return str((await self.apost_json("/apply-template", payload)).get("prompt") or "")
+
+    def embed(self, inputs: list[str], model: str | None = None) -> list[list[float]]:
+        data = self.post_json("/v1/embeddings", {"input": inputs, **({"model": model} if model else {})})
+        return _embeddings(data)
+
+    async def aembed(self, inputs: list[str], model: str | None = None) -> list[list[float]]:
+        data = await self.apost_json("/v1/embeddings", {"input": inputs, **({"model": model} if model else {})})
+        return _embeddings(data)
+
+
+def _embeddings(data: dict[str, Any]) -> list[list[float]]:
+    items = sorted(data.get("data") or [], key=lambda d: int(d.get("index", 0)))
+    return [list(map(float, d["embedding"])) for d in items]
+
+
+class _timeouts:
+    """Turn httpx timeouts into ServerTimeoutError (a hung server must never hang the caller silently)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, httpx.TimeoutException):
+            raise ServerTimeoutError(
+                f"llama-server did not answer in time ({type(exc).__name__}); raise `timeout` for slow models, "
+                f"or check the server") from exc

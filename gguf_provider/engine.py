@@ -1,0 +1,273 @@
+"""An engine = a model spec bound to a running llama-server (started, shared or attached) plus its client.
+
+Adapters hold an :class:`Engine`; it starts the server on first use, maps transport failures of a dead server to
+:class:`ServerCrashedError` with the log tail (and starts a fresh server on the next call), and applies the
+context limits: ``max_tokens`` capped at the effective context minus the prompt, an over-long prompt refused
+before generation.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .client import ChatResult, EngineClient, Event
+from .errors import ContextOverflowError, ServerConnectionError, ServerCrashedError
+from .runtime import manager as mgr
+from .runtime.process import ProgressFn
+
+DEFAULT_TIMEOUT = 600.0  # local models can be slow: 30 s defaults are a known complaint
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = None
+    repo: str | None = None
+    quant: str | None = None
+    filename: str | None = None
+    revision: str | None = None
+    token: str | None = None
+    model_path: str | None = None
+    base_url: str | None = None
+    api_key: str | None = None
+    n_ctx: int | None = None
+    n_gpu_layers: int | None = None
+    n_parallel: int | None = None
+    chat_template: str | None = None
+    chat_template_file: str | None = None
+    reasoning_format: str | None = None
+    server_args: tuple[str, ...] = ()
+    rpc_servers: tuple[str, ...] = ()
+    embedding: bool = False
+    pooling: str | None = None
+    vision: bool = False
+    port: int | None = None
+    llama_server: str | None = None
+    keep_alive: float = mgr.DEFAULT_KEEP_ALIVE
+    shared: bool = True
+    timeout: float = DEFAULT_TIMEOUT
+    start_timeout: float = mgr.DEFAULT_START_TIMEOUT
+    offline: bool | None = None
+    progress: ProgressFn | None = field(default=None, compare=False, hash=False)
+
+
+def resolve_spec(cfg: EngineConfig) -> mgr.ServerSpec:
+    from .runtime.models import resolve_model
+
+    if cfg.model_path:
+        resolved = resolve_model(cfg.model_path)
+    else:
+        resolved = resolve_model(cfg.model, repo=cfg.repo, quant=cfg.quant, filename=cfg.filename,
+                                 revision=cfg.revision, token=cfg.token, vision=cfg.vision, offline=cfg.offline,
+                                 progress=_download_progress(cfg.progress))
+    return mgr.ServerSpec(
+        model=resolved.path, shards=tuple(resolved.shards), mmproj=resolved.mmproj, n_ctx=cfg.n_ctx,
+        n_gpu_layers=cfg.n_gpu_layers, n_parallel=cfg.n_parallel, embedding=cfg.embedding, pooling=cfg.pooling,
+        chat_template=cfg.chat_template, chat_template_file=cfg.chat_template_file,
+        reasoning_format=cfg.reasoning_format, rpc_servers=cfg.rpc_servers, server_args=cfg.server_args,
+        port=cfg.port, llama_server=cfg.llama_server)
+
+
+def _download_progress(progress: ProgressFn | None) -> Any:
+    if progress is None:
+        return None
+
+    def cb(done: int, total: int, _name: str) -> None:
+        progress("download", done, total)
+
+    return cb
+
+
+class Engine:
+    """A lazily started server plus its :class:`EngineClient`. Thread-safe."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        if not (config.model or config.repo or config.model_path or config.base_url):
+            raise ValueError("give a model: model='name or path or org/repo:QUANT', repo=..., model_path=... or "
+                             "base_url=... to attach to a running server")
+        self.config = config
+        self._lock = threading.Lock()
+        self._lease: mgr.Lease | None = None
+        self._info: mgr.ServerInfo | None = None
+        self._client: EngineClient | None = None
+
+    # lifecycle ----------------------------------------------------------------------------------------------
+
+    def load(self) -> mgr.ServerInfo:
+        with self._lock:
+            if self._info is not None and (self._lease is None or self._info.alive()):
+                return self._info
+            self._drop()
+            cfg = self.config
+            if cfg.base_url:
+                info = mgr.attach(cfg.base_url, cfg.api_key, timeout=min(cfg.timeout, 30.0))
+            else:
+                spec = resolve_spec(cfg)
+                lease = mgr.get_manager().acquire(spec, shared=cfg.shared, keep_alive=cfg.keep_alive,
+                                                  start_timeout=cfg.start_timeout, progress=cfg.progress)
+                self._lease, info = lease, lease.info
+            self._info = info
+            self._client = EngineClient(info.address, timeout=cfg.timeout)
+            return info
+
+    def _drop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+        if self._lease is not None:
+            self._lease.release()
+        self._lease = self._info = self._client = None
+
+    def unload(self) -> None:
+        with self._lock:
+            self._drop()
+
+    @property
+    def info(self) -> mgr.ServerInfo:
+        return self.load()
+
+    @property
+    def client(self) -> EngineClient:
+        self.load()
+        assert self._client is not None
+        return self._client
+
+    @property
+    def n_ctx(self) -> int:
+        return self.info.n_ctx
+
+    @property
+    def props(self) -> dict[str, Any]:
+        return self.info.props
+
+    @property
+    def model_name(self) -> str:
+        cfg = self.config
+        name = cfg.model or cfg.repo or cfg.model_path or self.info.model
+        return Path(name).name if name and (cfg.model_path or name.endswith(".gguf")) else str(name)
+
+    def capabilities(self) -> dict[str, Any]:
+        caps: dict[str, Any] = self.props.get("chat_template_caps") or {}
+        return caps
+
+    # failure mapping ----------------------------------------------------------------------------------------
+
+    def _failure(self, exc: httpx.TransportError) -> Exception:
+        info = self._info
+        if info is not None and self._lease is not None and not info.alive():
+            with self._lock:
+                self._drop()  # the next call starts a fresh server
+            return ServerCrashedError(
+                f"llama-server (pid {info.pid}) died during the request ({type(exc).__name__}); the next call "
+                f"starts a new one", info.log_tail(), info.log_path)
+        where = info.address.describe() if info else "?"
+        return ServerConnectionError(f"lost the connection to llama-server at {where}: {exc}")
+
+    # limits -------------------------------------------------------------------------------------------------
+
+    def prepare(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Cap ``max_tokens`` at context − prompt and refuse a prompt that alone fills the context.
+
+        Counting the prompt costs two requests, so it is done only when a cheap upper bound (one token per
+        character, plus template overhead) says the request might not fit.
+        """
+        n_ctx = self.n_ctx
+        if not n_ctx:
+            return payload
+        max_tokens = payload.get("max_tokens")
+        bound = _char_bound(payload)
+        if bound + (max_tokens or 0) < n_ctx:
+            return payload
+        n_prompt = self.count_prompt_tokens(payload)
+        return _apply_limits(payload, n_prompt, n_ctx)
+
+    async def aprepare(self, payload: dict[str, Any]) -> dict[str, Any]:
+        n_ctx = self.n_ctx
+        if not n_ctx:
+            return payload
+        if _char_bound(payload) + (payload.get("max_tokens") or 0) < n_ctx:
+            return payload
+        client = self.client
+        prompt = await client.aapply_template(_template_payload(payload))
+        n_prompt = len(await client.atokenize(prompt))
+        return _apply_limits(payload, n_prompt, n_ctx)
+
+    def count_prompt_tokens(self, payload: dict[str, Any]) -> int:
+        client = self.client
+        try:
+            prompt = client.apply_template(_template_payload(payload))
+            return len(client.tokenize(prompt))
+        except httpx.TransportError as exc:
+            raise self._failure(exc) from exc
+
+    # requests -----------------------------------------------------------------------------------------------
+
+    def chat(self, payload: dict[str, Any]) -> ChatResult:
+        payload = self.prepare(payload)
+        try:
+            return self.client.chat(payload)
+        except httpx.TransportError as exc:
+            raise self._failure(exc) from exc
+
+    async def achat(self, payload: dict[str, Any]) -> ChatResult:
+        payload = await self.aprepare(payload)
+        try:
+            return await self.client.achat(payload)
+        except httpx.TransportError as exc:
+            raise self._failure(exc) from exc
+
+    def stream(self, payload: dict[str, Any]) -> Iterator[Event]:
+        payload = self.prepare(payload)
+        try:
+            yield from self.client.stream_chat(payload)
+        except httpx.TransportError as exc:
+            raise self._failure(exc) from exc
+
+    async def astream(self, payload: dict[str, Any]) -> AsyncIterator[Event]:
+        payload = await self.aprepare(payload)
+        try:
+            async for ev in self.client.astream_chat(payload):
+                yield ev
+        except httpx.TransportError as exc:
+            raise self._failure(exc) from exc
+
+    def embed(self, inputs: list[str]) -> list[list[float]]:
+        try:
+            return self.client.embed(inputs)
+        except httpx.TransportError as exc:
+            raise self._failure(exc) from exc
+
+    async def aembed(self, inputs: list[str]) -> list[list[float]]:
+        try:
+            return await self.client.aembed(inputs)
+        except httpx.TransportError as exc:
+            raise self._failure(exc) from exc
+
+    def with_config(self, **changes: Any) -> Engine:
+        return Engine(replace(self.config, **changes))
+
+
+def _template_payload(payload: dict[str, Any]) -> dict[str, Any]:
+    keys = ("messages", "tools", "chat_template_kwargs", "tool_choice")
+    return {k: payload[k] for k in keys if k in payload}
+
+
+def _char_bound(payload: dict[str, Any]) -> int:
+    # Every token covers at least one character of the JSON we send, except template special tokens.
+    return len(str(payload.get("messages", ""))) + len(str(payload.get("tools", ""))) + 512
+
+
+def _apply_limits(payload: dict[str, Any], n_prompt: int, n_ctx: int) -> dict[str, Any]:
+    if n_prompt >= n_ctx:
+        raise ContextOverflowError(
+            f"the prompt is {n_prompt} tokens but the context window is {n_ctx} tokens: shorten the input, trim "
+            f"the history, or start the model with a larger n_ctx", n_prompt_tokens=n_prompt, n_ctx=n_ctx)
+    room = n_ctx - n_prompt
+    max_tokens = payload.get("max_tokens")
+    if max_tokens is None or max_tokens > room:
+        payload = {**payload, "max_tokens": room}
+    return payload

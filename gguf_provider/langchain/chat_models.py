@@ -1,0 +1,394 @@
+"""``ChatGGUF``: a LangChain chat model on a local GGUF model served by a managed llama-server."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from operator import itemgetter
+from typing import Any, Literal
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.exceptions import ContextOverflowError as LCContextOverflowError
+from langchain_core.language_models import LanguageModelInput
+from langchain_core.language_models.chat_models import BaseChatModel, LangSmithParams
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages.ai import UsageMetadata
+from langchain_core.messages.tool import invalid_tool_call, tool_call, tool_call_chunk
+from langchain_core.output_parsers import JsonOutputKeyToolsParser, JsonOutputParser, PydanticOutputParser
+from langchain_core.output_parsers.openai_tools import PydanticToolsParser
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
+from langchain_core.utils.pydantic import is_basemodel_subclass
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr
+
+from .. import chat
+from ..client import Event, Finish, ReasoningDelta, TextDelta, Timings, ToolCallDelta, Usage
+from ..engine import DEFAULT_TIMEOUT, Engine, EngineConfig
+from ..errors import ContextOverflowError, ServerConnectionError, ServerCrashedError
+from ._utils import to_openai
+
+_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty",
+             "seed", "max_tokens")
+
+
+class GGUFContextOverflowError(ContextOverflowError, LCContextOverflowError):
+    """The prompt does not fit the context window (both gguf-provider's and LangChain's error type)."""
+
+
+class ChatGGUF(BaseChatModel):
+    """Chat with a local GGUF model. The llama-server starts on first use (or at :meth:`load`) and is shared.
+
+    Example:
+        .. code-block:: python
+
+            from gguf_provider import ChatGGUF
+
+            llm = ChatGGUF(model="SmolLM2-135M-Instruct", temperature=0)
+            for chunk in llm.stream("Why is the sky blue?"):
+                print(chunk.content, end="", flush=True)
+    """
+
+    model_config = ConfigDict(populate_by_name=True, arbitrary_types_allowed=True)
+
+    # --- the model ---
+    model: str | None = None
+    """A model spec: a ``.gguf`` path, a name in the models dir, or ``"org/repo[:QUANT]"`` on Hugging Face."""
+    repo: str | None = None
+    quant: str | None = None
+    filename: str | None = None
+    revision: str | None = None
+    hf_token: SecretStr | None = Field(default=None, alias="token")
+    model_path: str | None = None
+    base_url: str | None = None
+    """Attach to a running llama-server (http URL or Unix socket path) instead of starting one."""
+    api_key: SecretStr | None = None
+
+    # --- the server ---
+    n_ctx: int | None = None
+    n_gpu_layers: int | None = None
+    n_parallel: int | None = None
+    chat_template: str | None = None
+    chat_template_file: str | None = None
+    reasoning_format: str | None = None
+    server_args: list[str] = Field(default_factory=list)
+    keep_alive: float = 300.0
+    """Seconds the shared server lives after its last client lets go (0: at once, -1: forever)."""
+    shared: bool = True
+    llama_server: str | None = None
+
+    # --- sampling ---
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    max_tokens: int | None = None
+    stop: list[str] | None = Field(default=None, alias="stop_sequences")
+    reasoning: bool | Literal["low", "medium", "high"] | None = None
+    """None: the template's default; True/False: thinking on/off; "low" | "medium" | "high": effort."""
+
+    # --- client ---
+    timeout: float | None = DEFAULT_TIMEOUT
+    max_retries: int = 2
+    """Retries of a request whose server crashed or could not be reached (a fresh server is started)."""
+    streaming: bool = False
+    auto_heal_tool_calls: bool = True
+
+    _engine: Engine | None = PrivateAttr(default=None)
+
+    # --- engine -----------------------------------------------------------------------------------------------
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(
+            model=self.model, repo=self.repo, quant=self.quant, filename=self.filename, revision=self.revision,
+            token=self.hf_token.get_secret_value() if self.hf_token else None, model_path=self.model_path,
+            base_url=self.base_url, api_key=self.api_key.get_secret_value() if self.api_key else None,
+            n_ctx=self.n_ctx, n_gpu_layers=self.n_gpu_layers, n_parallel=self.n_parallel,
+            chat_template=self.chat_template, chat_template_file=self.chat_template_file,
+            reasoning_format=self.reasoning_format, server_args=tuple(self.server_args),
+            keep_alive=self.keep_alive, shared=self.shared, llama_server=self.llama_server,
+            timeout=self.timeout or DEFAULT_TIMEOUT)
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            self._engine = Engine(self.engine_config())
+        return self._engine
+
+    def load(self) -> ChatGGUF:
+        """Start (or attach to) the server now instead of on first use."""
+        info = self.engine.load()
+        self.profile = {"max_input_tokens": info.n_ctx,
+                        "tool_calling": bool(self.engine.capabilities().get("supports_tools")),
+                        "structured_output": True}
+        return self
+
+    def unload(self) -> None:
+        """Give back this model's lease on its server (it stops after ``keep_alive``)."""
+        if self._engine is not None:
+            self._engine.unload()
+
+    @property
+    def _llm_type(self) -> str:
+        return "gguf"
+
+    @property
+    def model_name(self) -> str:
+        return self.engine.model_name
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        params = {k: getattr(self, k) for k in _SAMPLING if getattr(self, k) is not None}
+        return {"model": self.model or self.repo or self.model_path or self.base_url, "quant": self.quant,
+                **params}
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = LangSmithParams(ls_provider="gguf", ls_model_type="chat",
+                                 ls_model_name=str(kwargs.get("model") or self.model or self.repo
+                                                   or self.model_path or "gguf"))
+        temperature = kwargs.get("temperature", self.temperature)
+        if temperature is not None:
+            params["ls_temperature"] = temperature
+        max_tokens = kwargs.get("max_tokens", self.max_tokens)
+        if max_tokens is not None:
+            params["ls_max_tokens"] = max_tokens
+        stop = stop or kwargs.get("stop") or self.stop
+        if stop:
+            params["ls_stop"] = stop
+        return params
+
+    # --- requests ---------------------------------------------------------------------------------------------
+
+    def _request(self, messages: list[BaseMessage], stop: list[str] | None, **kwargs: Any) -> chat.ChatRequest:
+        if self.profile is None:
+            self.load()
+        kwargs.pop("ls_structured_output_format", None)
+        kwargs.pop("model", None)  # per-call model names only label traces
+        keep_reasoning = bool(self.engine.capabilities().get("supports_preserve_reasoning"))
+        params: dict[str, Any] = {k: kwargs.pop(k, getattr(self, k)) for k in _SAMPLING}
+        stop = stop if stop is not None else kwargs.pop("stop", None) or self.stop
+        if stop:
+            params["stop"] = stop
+        tools = kwargs.pop("tools", None) or []
+        request = chat.ChatRequest(
+            messages=to_openai(messages, keep_reasoning=keep_reasoning), tools=tools,
+            tool_choice=chat.normalize_tool_choice(kwargs.pop("tool_choice", None)),
+            response_format=kwargs.pop("response_format", None), params=params,
+            reasoning=kwargs.pop("reasoning", self.reasoning), heal_tool_calls=self.auto_heal_tool_calls)
+        request.params.update({k: v for k, v in kwargs.items() if v is not None})  # extra llama-server fields
+        return request
+
+    def _retrying(self, fn: Callable[[], Any]) -> Any:
+        for attempt in range(self.max_retries + 1):
+            try:
+                return fn()
+            except (ServerCrashedError, ServerConnectionError):
+                if attempt >= self.max_retries:
+                    raise
+            except ContextOverflowError as exc:
+                raise _lc_overflow(exc) from exc
+        raise AssertionError("unreachable")
+
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                  run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
+        if self.streaming:
+            from langchain_core.language_models.chat_models import generate_from_stream
+
+            return generate_from_stream(self._stream(messages, stop, run_manager, **kwargs))
+        request = self._request(messages, stop, **kwargs)
+        completion: chat.Completion = self._retrying(lambda: chat.complete(self.engine, request))
+        return self._result(completion)
+
+    async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                         run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
+        if self.streaming:
+            from langchain_core.language_models.chat_models import agenerate_from_stream
+
+            return await agenerate_from_stream(self._astream(messages, stop, run_manager, **kwargs))
+        request = self._request(messages, stop, **kwargs)
+        for attempt in range(self.max_retries + 1):
+            try:
+                completion = await chat.acomplete(self.engine, request)
+                break
+            except (ServerCrashedError, ServerConnectionError):
+                if attempt >= self.max_retries:
+                    raise
+            except ContextOverflowError as exc:
+                raise _lc_overflow(exc) from exc
+        return self._result(completion)
+
+    def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
+        request = self._request(messages, stop, **kwargs)
+        state = _StreamState()
+        try:
+            for ev in chat.stream(self.engine, request):
+                chunk = state.chunk(ev)
+                if chunk is not None:
+                    if run_manager and isinstance(ev, TextDelta):
+                        run_manager.on_llm_new_token(ev.text, chunk=chunk)
+                    yield chunk
+        except ContextOverflowError as exc:
+            raise _lc_overflow(exc) from exc
+        yield state.last(self.model_name)
+
+    async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                       run_manager: AsyncCallbackManagerForLLMRun | None = None,
+                       **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
+        request = self._request(messages, stop, **kwargs)
+        state = _StreamState()
+        try:
+            async for ev in chat.astream(self.engine, request):
+                chunk = state.chunk(ev)
+                if chunk is not None:
+                    if run_manager and isinstance(ev, TextDelta):
+                        await run_manager.on_llm_new_token(ev.text, chunk=chunk)
+                    yield chunk
+        except ContextOverflowError as exc:
+            raise _lc_overflow(exc) from exc
+        yield state.last(self.model_name)
+
+    def _result(self, c: chat.Completion) -> ChatResult:
+        calls, invalid = [], []
+        for tc in c.tool_calls:
+            try:
+                args = json.loads(tc.arguments or "{}")
+                if not isinstance(args, dict):
+                    raise ValueError("arguments are not an object")
+                calls.append(tool_call(name=tc.name, args=args, id=tc.id))
+            except ValueError as exc:
+                invalid.append(invalid_tool_call(name=tc.name, args=tc.arguments, id=tc.id, error=str(exc)))
+        extra = {"reasoning_content": c.reasoning} if c.reasoning else {}
+        message = AIMessage(content=c.content, additional_kwargs=extra, tool_calls=calls, invalid_tool_calls=invalid,
+                            usage_metadata=_usage(c.usage),
+                            response_metadata=_metadata(self.model_name, c.finish_reason, c.timings))
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    # --- tokens -----------------------------------------------------------------------------------------------
+
+    def get_num_tokens(self, text: str) -> int:
+        """Exact count from the model's own tokenizer (no special tokens)."""
+        return len(self.engine.client.tokenize(text, special=False))
+
+    def get_token_ids(self, text: str) -> list[int]:
+        return self.engine.client.tokenize(text, special=False)
+
+    def get_num_tokens_from_messages(self, messages: list[BaseMessage],
+                                     tools: Sequence[Any] | None = None) -> int:
+        """Exact prompt size: the chat template applied by the server, then tokenized."""
+        payload: dict[str, Any] = {"messages": to_openai(messages, keep_reasoning=False)}
+        if tools:
+            payload["tools"] = [convert_to_openai_tool(t) for t in tools]
+        return self.engine.count_prompt_tokens(payload)
+
+    # --- tools and structured output --------------------------------------------------------------------------
+
+    def bind_tools(self, tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
+                   *, tool_choice: dict[str, Any] | str | bool | None = None,
+                   **kwargs: Any) -> Runnable[LanguageModelInput, AIMessage]:
+        """Bind tools. ``tool_choice`` "required"/"any"/True or a tool name is enforced by constrained decoding."""
+        formatted = [convert_to_openai_tool(t) for t in tools]
+        if tool_choice is not None and tool_choice is not False:
+            choice = chat.normalize_tool_choice(tool_choice)
+            names = {f["function"]["name"] for f in formatted}
+            if choice and choice.startswith("name:") and choice[5:] not in names:
+                raise ValueError(f"tool_choice {choice[5:]!r} is not one of the bound tools {sorted(names)}")
+        return super().bind(tools=formatted, tool_choice=tool_choice, **kwargs)
+
+    def with_structured_output(self, schema: dict[str, Any] | type | None = None, *,
+                               method: Literal["json_schema", "function_calling", "json_mode"] = "json_schema",
+                               include_raw: bool = False, strict: bool | None = None,
+                               **kwargs: Any) -> Runnable[LanguageModelInput, dict[str, Any] | BaseModel]:
+        """Structured output; ``json_schema`` (the default) is enforced by the server's grammar."""
+        is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
+        parser: Runnable[Any, Any]
+        if method == "function_calling":
+            if schema is None:
+                raise ValueError("function_calling needs a schema")
+            tool = convert_to_openai_tool(schema)
+            name = tool["function"]["name"]
+            llm = self.bind_tools([schema], tool_choice=name, ls_structured_output_format={
+                "kwargs": {"method": method}, "schema": tool})
+            parser = (PydanticToolsParser(tools=[schema], first_tool_only=True) if is_pydantic  # type: ignore[list-item]
+                      else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True))
+        elif method == "json_mode":
+            llm = self.bind(response_format={"type": "json_object"},
+                            ls_structured_output_format={"kwargs": {"method": method}, "schema": schema})
+            parser = PydanticOutputParser(pydantic_object=schema) if is_pydantic else JsonOutputParser()  # type: ignore[arg-type]
+        elif method == "json_schema":
+            if schema is None:
+                raise ValueError("json_schema needs a schema")
+            json_schema = convert_to_json_schema(schema)
+            name = json_schema.get("title", "output")
+            response_format = {"type": "json_schema", "json_schema": {"name": name, "schema": json_schema,
+                                                                      "strict": True}}
+            llm = self.bind(response_format=response_format, ls_structured_output_format={
+                "kwargs": {"method": method, "strict": strict}, "schema": json_schema})
+            parser = PydanticOutputParser(pydantic_object=schema) if is_pydantic else JsonOutputParser()  # type: ignore[arg-type]
+        else:
+            raise ValueError(f"unknown method {method!r}: use json_schema, function_calling or json_mode")
+        if include_raw:
+            parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
+            fallback = RunnablePassthrough.assign(parsed=lambda _: None)
+            return RunnableMap(raw=llm) | parsed.with_fallbacks([fallback], exception_key="parsing_error")
+        return llm | parser
+
+
+class _StreamState:
+    """Turns engine events into LangChain chunks; usage and metadata go on the one last chunk."""
+
+    __slots__ = ("finish", "timings", "usage")
+
+    def __init__(self) -> None:
+        self.usage: Usage | None = None
+        self.finish: str | None = None
+        self.timings: dict[str, Any] = {}
+
+    def chunk(self, ev: Event) -> ChatGenerationChunk | None:
+        if isinstance(ev, TextDelta):
+            return ChatGenerationChunk(message=AIMessageChunk(content=ev.text))
+        if isinstance(ev, ReasoningDelta):
+            return ChatGenerationChunk(message=AIMessageChunk(content="",
+                                                              additional_kwargs={"reasoning_content": ev.text}))
+        if isinstance(ev, ToolCallDelta):
+            return ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[
+                tool_call_chunk(name=ev.name, args=ev.arguments, id=ev.id, index=ev.index)]))
+        if isinstance(ev, Usage):
+            self.usage = ev
+        elif isinstance(ev, Finish):
+            self.finish = ev.reason
+        elif isinstance(ev, Timings):
+            self.timings = ev.data
+        return None
+
+    def last(self, model_name: str) -> ChatGenerationChunk:
+        metadata = _metadata(model_name, self.finish, self.timings)
+        message = AIMessageChunk(content="", usage_metadata=_usage(self.usage), response_metadata=metadata,
+                                 chunk_position="last")
+        return ChatGenerationChunk(message=message, generation_info={"finish_reason": self.finish})
+
+
+def _usage(u: Usage | None) -> UsageMetadata | None:
+    if u is None:
+        return None
+    return UsageMetadata(input_tokens=u.prompt_tokens, output_tokens=u.completion_tokens,
+                         total_tokens=u.total_tokens or u.prompt_tokens + u.completion_tokens,
+                         input_token_details={"cache_read": u.cached_tokens})
+
+
+def _metadata(model_name: str, finish: str | None, timings: dict[str, Any]) -> dict[str, Any]:
+    meta: dict[str, Any] = {"model_name": model_name, "model_provider": "gguf", "finish_reason": finish}
+    if timings:
+        meta["timings"] = timings
+        if timings.get("predicted_per_second"):
+            meta["tokens_per_second"] = round(float(timings["predicted_per_second"]), 2)
+    return meta
+
+
+def _lc_overflow(exc: ContextOverflowError) -> GGUFContextOverflowError:
+    return GGUFContextOverflowError(str(exc), n_prompt_tokens=exc.n_prompt_tokens, n_ctx=exc.n_ctx)

@@ -1,0 +1,376 @@
+"""Start, share and stop llama-server processes.
+
+``acquire(spec)`` returns a :class:`Lease` on a healthy server for the spec: an existing shared server when one
+matches (checked by pid, create_time, /health, /props model path and alias), else a new one. Leases are counted
+per client process in the registry; when the last goes, the server stops after ``keep_alive`` seconds (a small
+watchdog process enforces it even if every client was killed).
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ..errors import ServerConnectionError, ServerStartError
+from . import discovery, paths, process, registry
+from .process import Address, ProgressFn
+
+DEFAULT_KEEP_ALIVE = 300.0
+DEFAULT_START_TIMEOUT = 600.0
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """Everything that makes two servers interchangeable."""
+
+    model: Path
+    shards: tuple[Path, ...] = ()
+    mmproj: Path | None = None
+    n_ctx: int | None = None
+    n_gpu_layers: int | None = None
+    n_parallel: int | None = None
+    embedding: bool = False
+    pooling: str | None = None
+    chat_template: str | None = None
+    chat_template_file: str | None = None
+    reasoning_format: str | None = None
+    rpc_servers: tuple[str, ...] = ()
+    server_args: tuple[str, ...] = ()
+    port: int | None = None
+    llama_server: str | None = None
+
+    def identity(self, binary: Path) -> dict[str, Any]:
+        def file_id(p: Path) -> list[Any]:
+            st = p.stat()
+            return [str(p.resolve()), st.st_size, st.st_mtime_ns]
+
+        b = binary.stat()
+        return {
+            "binary": [str(binary.resolve()), b.st_size, b.st_mtime_ns],
+            "model": [file_id(p) for p in (self.shards or (self.model,))],
+            "mmproj": file_id(self.mmproj) if self.mmproj else None,
+            "args": [self.n_ctx, self.n_gpu_layers, self.n_parallel, self.embedding, self.pooling,
+                     self.chat_template, self.chat_template_file, self.reasoning_format, list(self.rpc_servers),
+                     list(self.server_args), self.port],
+        }
+
+
+@dataclass
+class ServerInfo:
+    """A running server as a client sees it."""
+
+    key: str
+    pid: int
+    create_time: float
+    alias: str
+    address: Address
+    log_path: Path
+    model: str
+    n_ctx: int
+    props: dict[str, Any] = field(default_factory=dict)
+
+    def alive(self) -> bool:
+        return process.process_matches(self.pid, self.create_time, self.alias)
+
+    def log_tail(self, lines: int = process.LOG_TAIL_LINES) -> str:
+        return process.log_tail(self.log_path, lines)
+
+
+class Lease:
+    """A claim on a running server; :meth:`release` (or process exit) gives it back."""
+
+    def __init__(self, manager: ServerManager, info: ServerInfo) -> None:
+        self._manager = manager
+        self.info = info
+        self.released = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self._manager._release(self.info.key)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def build_argv(spec: ServerSpec, binary: Path, caps: discovery.ServerCapabilities, alias: str, n_ctx: int,
+               address: Address, api_key_file: Path | None) -> list[str]:
+    argv = [str(binary), "-m", str(spec.model), "--alias", alias, "-c", str(n_ctx)]
+    for flag in ("--jinja", "--no-webui", "--offline"):
+        if caps.supports(flag):
+            argv.append(flag)
+    if address.socket:
+        argv += ["--host", address.socket]
+    else:
+        assert address.url is not None
+        port = address.url.rsplit(":", 1)[1]
+        argv += ["--host", "127.0.0.1", "--port", port]
+    if api_key_file is not None:
+        argv += ["--api-key-file", str(api_key_file)]
+    if spec.mmproj:
+        argv += ["--mmproj", str(spec.mmproj)]
+    if spec.n_gpu_layers is not None:
+        argv += ["-ngl", str(spec.n_gpu_layers)]
+    if spec.n_parallel is not None:
+        argv += ["-np", str(spec.n_parallel)]
+        if caps.supports("--kv-unified"):
+            argv.append("--kv-unified")
+    if spec.embedding:
+        argv += ["--embedding", "--pooling", spec.pooling or "mean"]
+    if spec.chat_template:
+        argv += ["--chat-template", spec.chat_template]
+    if spec.chat_template_file:
+        argv += ["--chat-template-file", spec.chat_template_file]
+    if spec.reasoning_format:
+        argv += ["--reasoning-format", spec.reasoning_format]
+    if spec.rpc_servers:
+        argv += ["--rpc", ",".join(spec.rpc_servers)]
+    argv += list(spec.server_args)
+    return argv
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def read_props(address: Address, timeout: float = 5.0) -> dict[str, Any]:
+    with address.client(timeout=timeout) as c:
+        r = c.get("/props")
+        r.raise_for_status()
+        data: dict[str, Any] = r.json()
+        return data
+
+
+def props_n_ctx(props: dict[str, Any]) -> int:
+    dgs = props.get("default_generation_settings") or {}
+    return int(dgs.get("n_ctx") or props.get("n_ctx") or 0)
+
+
+class ServerManager:
+    """Per-process front of the registry: acquires, counts and releases leases."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._refs: dict[str, int] = {}
+        self._swept = False
+        atexit.register(self.release_all)
+
+    # -- public -----------------------------------------------------------------------------------------------
+
+    def acquire(self, spec: ServerSpec, *, shared: bool = True, keep_alive: float = DEFAULT_KEEP_ALIVE,
+                start_timeout: float = DEFAULT_START_TIMEOUT, progress: ProgressFn | None = None) -> Lease:
+        binary = discovery.find_llama_server(spec.llama_server)
+        if not self._swept:
+            self._swept = True
+            registry.sweep()  # orphans whose clients all died
+        ident = spec.identity(binary)
+        if not shared:
+            ident["private"] = [os.getpid(), secrets.token_hex(8)]
+        key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
+        with self._lock, registry.key_lock(key):
+            info = self._attach(key) if shared else None
+            if info is None:
+                info = self._start(key, spec, binary, shared=shared, keep_alive=keep_alive,
+                                   start_timeout=start_timeout, progress=progress)
+            self._refs[key] = self._refs.get(key, 0) + 1
+        return Lease(self, info)
+
+    def release_all(self) -> None:
+        with self._lock:
+            keys = list(self._refs)
+            self._refs.clear()
+        for key in keys:
+            self._drop_lease(key)
+
+    # -- internals --------------------------------------------------------------------------------------------
+
+    def _attach(self, key: str) -> ServerInfo | None:
+        with registry.locked() as data:
+            entry = data.get(key)
+            if entry is None:
+                return None
+            if not registry.server_alive(entry):
+                data.pop(key)
+                return None
+        info = _info(key, entry)
+        try:
+            props = read_props(info.address)
+        except (httpx.HTTPError, ValueError):
+            return None
+        if props.get("model_alias") not in (None, info.alias) or (
+                props.get("model_path") and os.path.realpath(props["model_path"]) != os.path.realpath(info.model)):
+            return None  # the address answers, but not as our server
+        info.props = props
+        info.n_ctx = props_n_ctx(props) or info.n_ctx
+        self._add_lease(key)
+        return info
+
+    def _add_lease(self, key: str) -> None:
+        me = os.getpid()
+        with registry.locked() as data:
+            entry = data.get(key)
+            if entry is not None:
+                entry.setdefault("leases", {})[str(me)] = process.create_time(me)
+                entry["idle_since"] = None
+
+    def _start(self, key: str, spec: ServerSpec, binary: Path, *, shared: bool, keep_alive: float,
+               start_timeout: float, progress: ProgressFn | None) -> ServerInfo:
+        caps = discovery.probe(binary)
+        n_ctx = spec.n_ctx
+        if n_ctx is None or n_ctx <= 0:
+            from . import fit, gguf  # only needed to size the context
+
+            header = gguf.read_header(spec.model)
+            size = sum(p.stat().st_size for p in (spec.shards or (spec.model,)))
+            n_ctx = fit.fit_context(header, size, n_gpu_layers=spec.n_gpu_layers).n_ctx
+        run = paths.runtime_dir()
+        tag = f"{key[:16]}-{secrets.token_hex(3)}"
+        alias = f"gguf-provider-{key[:16]}"
+        log_path = run / f"{tag}.log"
+        api_key_file: Path | None = None
+        if spec.port is not None or os.name == "nt":
+            port = spec.port if spec.port and _port_free(spec.port) else _free_port()
+            api_key = secrets.token_urlsafe(32)
+            api_key_file = run / f"{tag}.key"
+            fd = os.open(api_key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(api_key + "\n")
+            address = Address(url=f"http://127.0.0.1:{port}", api_key=api_key)
+        else:
+            address = Address(socket=str(run / f"{tag}.sock"))
+        argv = build_argv(spec, binary, caps, alias, n_ctx, address, api_key_file)
+        with open(log_path, "ab") as log:
+            log.write(f"# gguf-provider: {' '.join(argv)}\n".encode())
+        proc = process.spawn(argv, log_path, private=not shared)
+        ctime = process.create_time(proc.pid)
+        entry: registry.Entry = {
+            "pid": proc.pid, "create_time": ctime, "alias": alias, "model": str(spec.model),
+            "socket": address.socket, "url": address.url, "api_key_file": str(api_key_file) if api_key_file else None,
+            "log": str(log_path), "n_ctx": n_ctx, "shared": shared, "keep_alive": keep_alive if shared else 0,
+            "leases": {str(os.getpid()): process.create_time(os.getpid())}, "idle_since": None,
+            "started_at": time.time(), "binary": str(binary),
+        }
+        with registry.locked() as data:
+            data[key] = entry
+        try:
+            process.wait_healthy(proc, proc.pid, address, log_path, timeout=start_timeout, progress=progress)
+            props = read_props(address)
+        except BaseException:
+            with registry.locked() as data:
+                data.pop(key, None)
+            registry.stop_entry(entry)
+            raise
+        n_eff = props_n_ctx(props) or n_ctx
+        with registry.locked() as data:
+            if key in data:
+                data[key]["n_ctx"] = n_eff
+        if shared and keep_alive >= 0:
+            _spawn_watchdog(key)
+        info = _info(key, entry)
+        info.props, info.n_ctx = props, n_eff
+        return info
+
+    def _release(self, key: str) -> None:
+        with self._lock:
+            n = self._refs.get(key, 0) - 1
+            if n > 0:
+                self._refs[key] = n
+                return
+            self._refs.pop(key, None)
+        self._drop_lease(key)
+
+    def _drop_lease(self, key: str) -> None:
+        me = str(os.getpid())
+        with registry.locked() as data:
+            entry = data.get(key)
+            if entry is None:
+                return
+            entry.get("leases", {}).pop(me, None)
+            if entry["leases"]:
+                return
+            entry["idle_since"] = time.time()
+            if float(entry.get("keep_alive", 0)) != 0:
+                return
+            data.pop(key)
+        registry.stop_entry(entry)
+
+
+def _info(key: str, entry: registry.Entry) -> ServerInfo:
+    api_key = None
+    if entry.get("api_key_file"):
+        api_key = Path(entry["api_key_file"]).read_text().strip()
+    address = Address(socket=entry.get("socket"), url=entry.get("url"), api_key=api_key)
+    return ServerInfo(key=key, pid=int(entry["pid"]), create_time=float(entry["create_time"]), alias=entry["alias"],
+                      address=address, log_path=Path(entry["log"]), model=entry["model"], n_ctx=int(entry["n_ctx"]))
+
+
+def _spawn_watchdog(key: str) -> None:
+    """A detached process that stops the server once its clients are gone and keep_alive ran out."""
+    env = dict(os.environ, GGUF_PROVIDER_HOME=str(paths.home()))
+    subprocess.Popen([sys.executable, "-m", "gguf_provider.runtime.watchdog", key], env=env,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True, close_fds=True)
+
+
+def attach(base_url: str, api_key: str | None = None, timeout: float = 10.0) -> ServerInfo:
+    """Use an existing server (http URL or Unix socket path) without spawning anything."""
+    if base_url.startswith("http://") or base_url.startswith("https://"):
+        address = Address(url=base_url.rstrip("/").removesuffix("/v1"), api_key=api_key)
+    else:
+        address = Address(socket=base_url.removeprefix("unix:"), api_key=api_key)
+    try:
+        props = read_props(address, timeout=timeout)
+    except httpx.HTTPStatusError as exc:
+        raise ServerConnectionError(
+            f"the server at {address.describe()} answered /props with HTTP {exc.response.status_code}"
+            + (" (check api_key)" if exc.response.status_code == 401 else "")) from exc
+    except (httpx.HTTPError, ValueError) as exc:
+        raise ServerConnectionError(
+            f"could not reach a llama-server at {address.describe()} ({type(exc).__name__}: {exc}). Is it running? "
+            f"Start one with `gguf-provider serve MODEL` or drop base_url to let gguf-provider start one.") from exc
+    return ServerInfo(key="attached", pid=0, create_time=0.0, alias=str(props.get("model_alias") or ""),
+                      address=address, log_path=Path(os.devnull), model=str(props.get("model_path") or ""),
+                      n_ctx=props_n_ctx(props), props=props)
+
+
+_manager: ServerManager | None = None
+_manager_lock = threading.Lock()
+
+
+def get_manager() -> ServerManager:
+    global _manager
+    with _manager_lock:
+        if _manager is None:
+            _manager = ServerManager()
+        return _manager
+
+
+__all__ = ["Address", "Lease", "ServerInfo", "ServerManager", "ServerSpec", "ServerStartError", "attach",
+           "build_argv", "get_manager"]

@@ -1,0 +1,215 @@
+"""Low-level llama-server process control: command line, environment, spawn, health wait, identity, stop."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+
+from ..errors import ServerStartError
+
+ProgressFn = Callable[[str, int, int], None]
+"""``progress(stage, done, total)``; stage is "download" (bytes) or "loading" (elapsed ms, 0)."""
+
+LOG_TAIL_LINES = 50
+
+
+@dataclass(frozen=True)
+class Address:
+    """Where a server listens: a Unix socket path or a loopback http URL, with an optional API key."""
+
+    socket: str | None = None
+    url: str | None = None
+    api_key: str | None = None
+
+    @property
+    def base_url(self) -> str:
+        return self.url if self.url else "http://llama-server"
+
+    def describe(self) -> str:
+        return f"unix:{self.socket}" if self.socket else str(self.url)
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def transport(self) -> httpx.HTTPTransport | None:
+        return httpx.HTTPTransport(uds=self.socket) if self.socket else None
+
+    def async_transport(self) -> httpx.AsyncHTTPTransport | None:
+        return httpx.AsyncHTTPTransport(uds=self.socket) if self.socket else None
+
+    def client(self, timeout: float = 5.0) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, transport=self.transport(), headers=self.headers(),
+                            timeout=timeout)
+
+
+def clean_env() -> dict[str, str]:
+    """Our environment minus every ``LLAMA_ARG_*`` twin of a flag (and LLAMA_API_KEY): they change a server silently."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_") and k != "LLAMA_API_KEY"}
+
+
+def log_tail(path: Path | None, lines: int = LOG_TAIL_LINES) -> str:
+    if path is None:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            data = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])
+
+
+# --- spawning --------------------------------------------------------------------------------------------------
+
+PR_SET_PDEATHSIG = 1
+
+
+def _set_pdeathsig() -> None:  # runs in the child between fork and exec
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+class _Spawner:
+    """Spawns private servers from one long-lived thread.
+
+    Linux's PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, so private servers are forked
+    from a thread that lives as long as the process: the server then dies with its owner, even on ``kill -9``.
+    """
+
+    def __init__(self) -> None:
+        self._requests: queue.Queue[tuple[Callable[[], subprocess.Popen[bytes]], queue.Queue[object]]]
+        self._requests = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="gguf-provider-spawner", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            fn, reply = self._requests.get()
+            try:
+                reply.put(fn())
+            except BaseException as exc:  # handed back to the caller
+                reply.put(exc)
+
+    def call(self, fn: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+        reply: queue.Queue[object] = queue.Queue()
+        self._requests.put((fn, reply))
+        result = reply.get()
+        if isinstance(result, BaseException):
+            raise result
+        assert isinstance(result, subprocess.Popen)
+        return result
+
+
+_spawner: _Spawner | None = None
+_spawner_lock = threading.Lock()
+
+
+def spawn(argv: list[str], log_path: Path, *, private: bool) -> subprocess.Popen[bytes]:
+    """Start llama-server with a scrubbed environment, output to ``log_path``.
+
+    Shared servers get their own session (a Ctrl-C in one client's terminal must not kill everyone's server);
+    private ones are tied to our lifetime (see :class:`_Spawner`).
+    """
+    global _spawner
+    log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
+
+    def start() -> subprocess.Popen[bytes]:
+        linux_private = private and sys.platform.startswith("linux")
+        return subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=clean_env(),
+            start_new_session=True, preexec_fn=_set_pdeathsig if linux_private else None, close_fds=True,
+        )
+
+    try:
+        if private and sys.platform.startswith("linux"):
+            with _spawner_lock:
+                if _spawner is None:
+                    _spawner = _Spawner()
+            return _spawner.call(start)
+        return start()
+    finally:
+        log.close()
+
+
+def wait_healthy(proc: subprocess.Popen[bytes] | None, pid: int, address: Address, log_path: Path, *,
+                 timeout: float, progress: ProgressFn | None = None) -> None:
+    """Poll ``/health`` until 200; raise ServerStartError with the log tail if the process exits or time runs out."""
+    start = time.monotonic()
+    delay = 0.02
+    with address.client(timeout=2.0) as client:
+        while True:
+            if proc is not None and proc.poll() is not None:
+                raise ServerStartError(
+                    f"llama-server exited with code {proc.returncode} while starting. Check the model file and the "
+                    f"server arguments", log_tail(log_path), log_path)
+            if proc is None and not psutil.pid_exists(pid):
+                raise ServerStartError("llama-server exited while starting", log_tail(log_path), log_path)
+            try:
+                r = client.get("/health")
+                if r.status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            elapsed = time.monotonic() - start
+            if progress is not None:
+                progress("loading", int(elapsed * 1000), 0)
+            if elapsed > timeout:
+                raise ServerStartError(
+                    f"llama-server did not become healthy within {timeout:.0f} s (raise start_timeout for big "
+                    f"models)", log_tail(log_path), log_path)
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.2)
+
+
+# --- identity and stopping ---------------------------------------------------------------------------------------
+
+
+def process_matches(pid: int, create_time: float, marker: str | None = None) -> bool:
+    """True only if ``pid`` is alive, was created at ``create_time`` and (if given) has ``marker`` on its cmdline."""
+    try:
+        p = psutil.Process(pid)
+        if abs(p.create_time() - create_time) > 0.05:
+            return False
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return False
+        if marker is not None and marker not in p.cmdline():
+            return False
+        return True
+    except (psutil.Error, OSError):
+        return False
+
+
+def create_time(pid: int) -> float:
+    return float(psutil.Process(pid).create_time())
+
+
+def stop_process(pid: int, ctime: float, marker: str, *, grace: float = 5.0) -> bool:
+    """SIGTERM, then SIGKILL after ``grace`` seconds, a process we can prove we started. Returns True if it's gone."""
+    if not process_matches(pid, ctime, marker):
+        return not psutil.pid_exists(pid) or not process_matches(pid, ctime)
+    try:
+        p = psutil.Process(pid)
+        p.terminate()
+        try:
+            p.wait(grace)
+        except psutil.TimeoutExpired:
+            p.kill()
+            p.wait(grace)
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.Error:
+        return False
+    return True
