@@ -9,6 +9,7 @@ before generation.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -48,7 +49,7 @@ class EngineConfig:
     vision: bool = False
     port: int | None = None
     llama_server: str | None = None
-    keep_alive: float = mgr.DEFAULT_KEEP_ALIVE
+    keep_alive: float | None = None  # None: $GGUF_PROVIDER_KEEP_ALIVE or 300 s
     shared: bool = True
     timeout: float = DEFAULT_TIMEOUT
     start_timeout: float = mgr.DEFAULT_START_TIMEOUT
@@ -95,6 +96,7 @@ class Engine:
         self._lease: mgr.Lease | None = None
         self._info: mgr.ServerInfo | None = None
         self._client: EngineClient | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
 
     # lifecycle ----------------------------------------------------------------------------------------------
 
@@ -111,6 +113,8 @@ class Engine:
                 lease = mgr.get_manager().acquire(spec, shared=cfg.shared, keep_alive=cfg.keep_alive,
                                                   start_timeout=cfg.start_timeout, progress=cfg.progress)
                 self._lease, info = lease, lease.info
+                # Give the lease back when this engine is garbage-collected, not only at exit.
+                self._finalizer = weakref.finalize(self, lease.release)
             self._info = info
             self._client = EngineClient(info.address, timeout=cfg.timeout)
             return info

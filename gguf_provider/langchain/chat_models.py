@@ -73,8 +73,9 @@ class ChatGGUF(BaseChatModel):
     chat_template_file: str | None = None
     reasoning_format: str | None = None
     server_args: list[str] = Field(default_factory=list)
-    keep_alive: float = 300.0
-    """Seconds the shared server lives after its last client lets go (0: at once, -1: forever)."""
+    keep_alive: float | None = None
+    """Seconds the shared server lives after its last client lets go (0: at once, -1: forever); default
+    ``$GGUF_PROVIDER_KEEP_ALIVE`` or 300."""
     shared: bool = True
     llama_server: str | None = None
 

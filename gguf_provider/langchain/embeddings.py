@@ -33,7 +33,7 @@ class GGUFEmbeddings(BaseModel, Embeddings):
     n_ctx: int | None = None
     n_gpu_layers: int | None = None
     server_args: list[str] = Field(default_factory=list)
-    keep_alive: float = 300.0
+    keep_alive: float | None = None
     shared: bool = True
     llama_server: str | None = None
     batch_size: int = 32

@@ -29,6 +29,7 @@ from . import discovery, paths, process, registry
 from .process import Address, ProgressFn
 
 DEFAULT_KEEP_ALIVE = 300.0
+"""Seconds a shared server outlives its last client; ``$GGUF_PROVIDER_KEEP_ALIVE`` overrides it."""
 DEFAULT_START_TIMEOUT = 600.0
 
 
@@ -184,8 +185,10 @@ class ServerManager:
 
     # -- public -----------------------------------------------------------------------------------------------
 
-    def acquire(self, spec: ServerSpec, *, shared: bool = True, keep_alive: float = DEFAULT_KEEP_ALIVE,
+    def acquire(self, spec: ServerSpec, *, shared: bool = True, keep_alive: float | None = None,
                 start_timeout: float = DEFAULT_START_TIMEOUT, progress: ProgressFn | None = None) -> Lease:
+        if keep_alive is None:
+            keep_alive = default_keep_alive()
         binary = discovery.find_llama_server(spec.llama_server)
         if not self._swept:
             self._swept = True
@@ -320,6 +323,10 @@ class ServerManager:
                 return
             data.pop(key)
         registry.stop_entry(entry)
+
+
+def default_keep_alive() -> float:
+    return float(os.environ.get("GGUF_PROVIDER_KEEP_ALIVE", DEFAULT_KEEP_ALIVE))
 
 
 def _info(key: str, entry: registry.Entry) -> ServerInfo:

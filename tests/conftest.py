@@ -1,0 +1,59 @@
+"""Shared fixtures: the real test models and a clean server state around the session.
+
+Tests run against a real llama-server (built by `make test`'s set-up) and real GGUF models from PyPI wheels.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+# Servers started by the tests stop as soon as their last client lets go, unless a test asks otherwise.
+os.environ.setdefault("GGUF_PROVIDER_KEEP_ALIVE", "0")
+for _k in [k for k in os.environ if k.startswith("LLAMA_ARG_")]:
+    del os.environ[_k]
+
+from tests.support.test_models import ensure  # noqa: E402
+
+SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1"
+QWEN = "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M"
+GEMMA = "gemma-3-270m.Q4_K_M"
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    return ensure("smollm2")
+
+
+@pytest.fixture(scope="session")
+def qwen_path() -> Path:
+    return ensure("qwen")
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    return ensure("gemma")
+
+
+@pytest.fixture(scope="session")
+def llama_src() -> Path:
+    """The llama.cpp source tree of the installed build (its models/templates/*.jinja are real templates)."""
+    from gguf_provider.runtime import install
+
+    return install.fetch_source()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _release_servers_at_end() -> Iterator[None]:
+    yield
+    from gguf_provider.runtime import manager
+
+    manager.get_manager().release_all()
