@@ -1,0 +1,137 @@
+"""Foundation: package import hygiene, binary discovery order, install progress parsing and build errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gguf_provider.errors import BinaryNotFoundError, BuildError
+from gguf_provider.runtime import discovery, install
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "gguf_provider.cli"]
+
+
+def test_import_does_not_load_frameworks() -> None:
+    code = ("import sys, gguf_provider; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('langchain_core', 'llama_index', 'IPython')]; "
+            "print(bad); assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_missing_extra_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    import gguf_provider
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "langchain_core" else real(name, *a))
+    with pytest.raises(ImportError, match=r"pip install 'gguf-provider\[langchain\]'"):
+        gguf_provider.__getattr__("ChatGGUF")
+
+
+def _fake_server(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\necho 'version: 1 (fake)'\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+@pytest.fixture
+def clean_discovery(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    for var in ("GGUF_PROVIDER_LLAMA_SERVER", "LLAMA_SERVER_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))
+    monkeypatch.setenv("GGUF_PROVIDER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HOME", str(tmp_path / "userhome"))
+    return tmp_path
+
+
+def test_discovery_order(clean_discovery: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp = clean_discovery
+    with pytest.raises(BinaryNotFoundError, match="gguf-provider server install"):
+        discovery.find_llama_server()
+    # lowest first: common build dirs, then our installed build, PATH, $LLAMA_SERVER_PATH, $GGUF_..., explicit
+    common = _fake_server(tmp / "userhome/llama.cpp/build/bin/llama-server")
+    assert discovery.find_llama_server() == common
+    ours = _fake_server(install.install_dir("cpu") / "llama-server")
+    (install.install_dir("cpu") / install.MARKER).write_text(json.dumps({"backend": "cpu", "version": "x"}))
+    assert discovery.find_llama_server() == ours
+    on_path = _fake_server(tmp / "empty-path/llama-server")
+    assert discovery.find_llama_server() == on_path
+    lsp = _fake_server(tmp / "lsp/llama-server")
+    monkeypatch.setenv("LLAMA_SERVER_PATH", str(lsp))
+    assert discovery.find_llama_server() == lsp
+    gps = _fake_server(tmp / "gps/llama-server")
+    monkeypatch.setenv("GGUF_PROVIDER_LLAMA_SERVER", str(gps.parent))  # a dir works too
+    assert discovery.find_llama_server() == gps
+    explicit = _fake_server(tmp / "explicit/llama-server")
+    assert discovery.find_llama_server(explicit) == explicit
+    with pytest.raises(BinaryNotFoundError, match="llama_server="):
+        discovery.find_llama_server(tmp / "nope/llama-server")
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ("[12/212] Building CXX object src/llama.cpp.o", (12, 212)),
+    ("[ 45%] Building CXX object common/CMakeFiles/common.dir/arg.cpp.o", (45, 100)),
+    ("[100%] Built target llama-server", (100, 100)),
+    ("-- Configuring done", None),
+])
+def test_build_progress_lines(line: str, expected: tuple[int, int] | None) -> None:
+    assert install.parse_progress(line) == expected
+
+
+def test_backend_auto_is_cpu_without_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(install, "_has_nvidia_gpu", lambda: False)
+    assert install.resolve_backend("auto") in ("cpu", "metal")
+    with pytest.raises(BuildError, match="unknown backend"):
+        install.resolve_backend("rocm-please")
+
+
+def test_second_install_is_a_noop() -> None:
+    """`gguf-provider server install` when installed: no rebuild, the binary untouched (timing printed)."""
+    inst = install.installed("auto")
+    assert inst is not None, "make test's set-up installs llama-server first"
+    mtime = inst.server.stat().st_mtime_ns
+    t0 = time.monotonic()
+    out = subprocess.run([*CLI, "server", "install"], capture_output=True, text=True, check=True)
+    took = time.monotonic() - t0
+    print(f"second install took {took:.2f} s")
+    assert "already installed" in out.stdout
+    assert inst.server.stat().st_mtime_ns == mtime
+
+
+def test_broken_build_names_the_log(tmp_path: Path) -> None:
+    """A bad CMake argument ends in one paragraph naming the log file (the source tree is reused, not fetched)."""
+    src = install.fetch_source()
+    home = tmp_path / "home"
+    (home / "src").mkdir(parents=True)
+    (home / "src" / install.SOURCE_PIN).symlink_to(src, target_is_directory=True)
+    env = dict(os.environ, GGUF_PROVIDER_HOME=str(home))
+    out = subprocess.run([*CLI, "server", "install", "--backend", "cpu", "--cmake-arg=-DCMAKE_TOOLCHAIN_FILE=/nope.cmake"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 1
+    err = out.stderr.strip()
+    assert err.startswith("gguf-provider: error: llama.cpp configure failed")
+    log = home / "logs" / f"build-{install.SOURCE_PIN}-cpu.log"
+    assert str(log) in err and log.is_file()
+    assert "\n\n" not in err  # one paragraph
+    assert not list(home.rglob(install.MARKER))  # a failed build records no installation
+
+
+def test_server_path_and_version_cli() -> None:
+    path = subprocess.run([*CLI, "server", "path"], capture_output=True, text=True, check=True).stdout.strip()
+    assert Path(path).name == "llama-server" and os.access(path, os.X_OK)
+    out = subprocess.run([*CLI, "server", "version", "--json"], capture_output=True, text=True, check=True)
+    data = json.loads(out.stdout)
+    assert data["path"] == path
+    assert data["flags"]["--jinja"] and data["flags"]["--api-key-file"] and data["flags"]["--alias"]
+    assert data["version"]
