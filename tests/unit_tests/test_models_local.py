@@ -1,0 +1,187 @@
+"""resolve_model() for local paths and the models dirs, and the quant/shard rules (no network)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gguf_provider.errors import MissingShardError, ModelNotFoundError, UnknownQuantError
+from gguf_provider.runtime import models
+from gguf_provider.runtime.models import list_local_models, parse_quant, quant_matches, resolve_model
+from tests.support.test_models import ensure
+from tests.support.tools import tool_path
+
+
+@pytest.fixture(scope="session")
+def real_model() -> Path:
+    return ensure("smollm2")
+
+
+@pytest.fixture(scope="session")
+def real_split() -> tuple[Path, ...]:
+    if tool_path("llama-gguf-split") is None or tool_path("llama-quantize") is None:
+        pytest.skip("llama-gguf-split / llama-quantize not built")
+    from tests.support.hf_endpoint import ensure_fixture_files
+
+    return ensure_fixture_files().split
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real_model: Path) -> Path:
+    """An empty gguf-provider home (models dir = <tmp>/home/models); the real files stay where they are."""
+    h = tmp_path / "home"
+    (h / "models").mkdir(parents=True)
+    monkeypatch.setenv("GGUF_PROVIDER_HOME", str(h))
+    monkeypatch.delenv("GGUF_PROVIDER_MODELS", raising=False)
+    return h
+
+
+def _link(target: Path, at: Path) -> Path:
+    at.parent.mkdir(parents=True, exist_ok=True)
+    at.symlink_to(target)
+    return at
+
+
+# --- pure rules ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("quant, name, expected", [
+    ("Q4_K_M", "model-Q4_K_M.gguf", True),
+    ("q4_k_m", "model.Q4_K_M.gguf", True),
+    ("Q4_K_M", "model-IQ4_K_M.gguf", False),
+    ("IQ4_K_M", "model-IQ4_K_M.gguf", True),
+    ("F16", "model-BF16.gguf", False),
+    ("F16", "mmproj-model-f16.gguf", True),
+    ("Q4_K", "model-Q4_K_M.gguf", False),
+    ("Q4_0", "model-Q4_0_4_4.gguf", False),
+    ("Q4_K_M", "Q4_K_M/model-00001-of-00002.gguf", True),
+    ("Q4_K_M", "model_Q4_K_M.gguf", True),
+    ("Q4_K_XL", "model-UD-Q4_K_XL.gguf", True),
+    ("Q8_0", "model-Q4_K_M.gguf", False),
+])
+def test_quant_matches(quant: str, name: str, expected: bool) -> None:
+    assert quant_matches(quant, name) is expected
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("SmolLM2-135M-Instruct.Q4_1.gguf", "Q4_1"),
+    ("Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf", "Q4_K_M"),
+    ("model-IQ4_XS-00001-of-00003.gguf", "IQ4_XS"),
+    ("Llama-3-8B-bf16.gguf", "BF16"),
+    ("Model-UD-Q4_K_XL.gguf", "UD-Q4_K_XL"),
+    ("no-quant-here.gguf", None),
+])
+def test_parse_quant(name: str, expected: str | None) -> None:
+    assert parse_quant(name) == expected
+
+
+def test_select_rules() -> None:
+    files = {"m-IQ4_K_M.gguf": 10, "m-Q8_0.gguf": 30, "m-Q4_K_M.gguf": 20, "m-Q2_K.gguf": 5, "mmproj-f16.gguf": 1}
+    group = models._group(files)
+    assert models._select(group, quant=None, filename=None, where="x").first == "m-Q4_K_M.gguf"
+    assert models._select(group, quant="iq4_k_m", filename=None, where="x").first == "m-IQ4_K_M.gguf"
+    del files["m-Q4_K_M.gguf"]
+    assert models._select(models._group(files), quant=None, filename=None, where="x").first == "m-Q8_0.gguf"
+    with pytest.raises(UnknownQuantError) as err:
+        models._select(models._group(files), quant="Q4_K_M", filename=None, where="x")
+    assert err.value.available == {"IQ4_K_M": 10, "Q8_0": 30, "Q2_K": 5}
+    split = {"d/m-Q4_K_M-00001-of-00003.gguf": 1, "d/m-Q4_K_M-00003-of-00003.gguf": 1, "m-Q8_0.gguf": 9}
+    with pytest.raises(MissingShardError, match="00002-of-00003"):
+        models._select(models._group(split), quant="Q4_K_M", filename=None, where="x")
+    # an incomplete split set is never a default choice
+    assert models._select(models._group(split), quant=None, filename=None, where="x").first == "m-Q8_0.gguf"
+
+
+# --- local paths -----------------------------------------------------------------------------------------------
+
+
+def test_path_with_tilde(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real_model: Path) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    _link(real_model, tmp_path / "m" / "SmolLM2.Q4_1.gguf")
+    m = resolve_model("~/m/SmolLM2.Q4_1.gguf")
+    assert m.path == tmp_path / "m" / "SmolLM2.Q4_1.gguf" and m.shards == (m.path,)
+    assert m.source == "path" and m.quant == "Q4_1" and m.repo is None and m.mmproj is None
+    assert m.size_bytes == real_model.stat().st_size
+    assert resolve_model(Path(tmp_path / "m" / "SmolLM2.Q4_1.gguf")) == m  # os.PathLike too
+
+
+def test_missing_path(home: Path, tmp_path: Path) -> None:
+    with pytest.raises(ModelNotFoundError, match="does not exist"):
+        resolve_model(str(tmp_path / "nope.gguf"))
+    with pytest.raises(ModelNotFoundError, match="does not exist"):
+        resolve_model("./nope/model.gguf")
+
+
+def test_split_set_complete(home: Path, tmp_path: Path, real_split: tuple[Path, ...]) -> None:
+    links = [_link(p, tmp_path / "s" / p.name) for p in real_split]
+    for given in (links[0], links[1]):  # any shard stands for the whole set
+        m = resolve_model(str(given))
+        assert m.path == links[0] and m.shards == tuple(links)
+        assert m.size_bytes == sum(p.stat().st_size for p in real_split)
+
+
+def test_split_set_missing_shard(home: Path, tmp_path: Path, real_split: tuple[Path, ...]) -> None:
+    _link(real_split[0], tmp_path / "s" / real_split[0].name)
+    _link(real_split[2], tmp_path / "s" / real_split[2].name)
+    with pytest.raises(MissingShardError) as err:
+        resolve_model(str(tmp_path / "s" / real_split[0].name))
+    assert real_split[1].name in str(err.value) and real_split[2].name not in str(err.value)
+
+
+def test_local_vision_mmproj(home: Path, tmp_path: Path, real_model: Path) -> None:
+    model = _link(real_model, tmp_path / "v" / "model-Q4_1.gguf")
+    with pytest.raises(ModelNotFoundError, match="mmproj"):
+        resolve_model(str(model), vision=True)
+    _link(real_model, tmp_path / "v" / "mmproj-model-Q8_0.gguf")
+    proj = _link(real_model, tmp_path / "v" / "mmproj-model-f16.gguf")
+    assert resolve_model(str(model), vision=True).mmproj == proj
+
+
+# --- models dirs -----------------------------------------------------------------------------------------------
+
+
+def test_models_dir_by_stem_case_insensitive(home: Path, real_model: Path) -> None:
+    link = _link(real_model, home / "models" / real_model.name)
+    for spec in ("SmolLM2-135M-Instruct.Q4_1", "smollm2-135m-instruct.q4_1", "SMOLLM2-135M-INSTRUCT.Q4_1.gguf"):
+        m = resolve_model(spec)
+        assert m.path == link and m.source == "models-dir" and m.quant == "Q4_1"
+
+
+def test_models_dir_without_quant_suffix(home: Path, real_model: Path) -> None:
+    q4 = _link(real_model, home / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert resolve_model("SmolLM2-135M-Instruct").path == q4
+    q8 = _link(real_model, home / "models" / "sub" / "SmolLM2-135M-Instruct.Q8_0.gguf")
+    with pytest.raises(ModelNotFoundError, match="ambiguous") as err:
+        resolve_model("smollm2-135m-instruct")
+    assert "SmolLM2-135M-Instruct.Q4_1" in str(err.value) and "SmolLM2-135M-Instruct.Q8_0" in str(err.value)
+    assert resolve_model("SmolLM2-135M-Instruct:Q8_0").path == q8
+    assert resolve_model("SmolLM2-135M-Instruct", quant="q4_1").path == q4
+
+
+def test_env_models_dirs(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real_model: Path) -> None:
+    extra1, extra2 = tmp_path / "extra1", tmp_path / "extra2"
+    extra1.mkdir()
+    link = _link(real_model, extra2 / "Tiny-Model.Q4_1.gguf")
+    monkeypatch.setenv("GGUF_PROVIDER_MODELS", os.pathsep.join([str(extra1), str(extra2)]))
+    m = resolve_model("tiny-model")
+    assert m.path == link and m.source == "models-dir"
+    names = {lm.name: lm for lm in list_local_models(cache_dir=tmp_path / "no-hf-cache")}
+    assert names["Tiny-Model.Q4_1"].path == link and names["Tiny-Model.Q4_1"].source == "models-dir"
+
+
+def test_unknown_name(home: Path) -> None:
+    with pytest.raises(ModelNotFoundError) as err:
+        resolve_model("no-such-model")
+    msg = str(err.value)
+    assert str(home / "models") in msg and "org/repo" in msg
+
+
+def test_spec_conflicts(home: Path) -> None:
+    with pytest.raises(ModelNotFoundError, match="conflicting"):
+        resolve_model("org/repo:Q4_K_M", quant="Q8_0")
+    with pytest.raises(ModelNotFoundError, match="not both"):
+        resolve_model("org/repo", repo="org/other")
+    with pytest.raises(ModelNotFoundError, match="no model given"):
+        resolve_model()
