@@ -1,0 +1,502 @@
+"""IPython magics: ``%gguf`` (load, ps, list, unload, use, reset, history, config, one-shot prompts) and
+``%%gguf`` (a chat turn whose reply streams live into the cell output).
+
+Load with ``%load_ext gguf_provider``. Chats go through the shared engine layer (:mod:`gguf_provider.chat`), so
+streaming, reasoning and errors behave as in the LangChain and LlamaIndex adapters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import html
+import json
+import re
+import shlex
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+
+from . import chat
+from .client import ReasoningDelta, TextDelta, Timings, Usage
+from .engine import Engine, EngineConfig
+from .errors import GGUFProviderError, ServerError
+
+_UPDATE_EVERY = 0.1  # seconds between live display updates
+
+
+# --- reply object -----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class GGUFReply:
+    """One reply: shown as Markdown (reasoning collapsed) in rich front ends, as text elsewhere."""
+
+    text: str = ""
+    reasoning: str = ""
+    model: str = ""
+    tokens_per_second: float | None = None
+    usage: dict[str, int] = field(default_factory=dict)
+    interrupted: bool = False
+    done: bool = False
+
+    def _footer(self) -> str:
+        parts = [self.model] if self.model else []
+        if self.usage.get("output_tokens"):
+            parts.append(f"{self.usage['output_tokens']} tokens")
+        if self.tokens_per_second:
+            parts.append(f"{self.tokens_per_second:.1f} tok/s")
+        if self.interrupted:
+            parts.append("interrupted")
+        return " · ".join(parts)
+
+    def _repr_markdown_(self) -> str:
+        out = []
+        if self.reasoning:
+            out.append(f"<details><summary>Thinking</summary>\n\n{html.escape(self.reasoning.strip())}\n\n</details>\n")
+        out.append(self.text + ("" if self.done else " ▌"))
+        footer = self._footer()
+        if footer and self.done:
+            out.append(f"\n\n<sub>{footer}</sub>")
+        return "\n".join(out)
+
+    def __repr__(self) -> str:
+        head = f"[thinking]\n{self.reasoning.strip()}\n[/thinking]\n" if self.reasoning else ""
+        footer = self._footer()
+        return head + self.text + (f"\n[{footer}]" if footer and self.done else "")
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass
+class ModelSummary:
+    name: str
+    path: str
+    n_ctx: int
+    address: str
+    caps: dict[str, Any]
+
+    def _flags(self) -> str:
+        keys = ("supports_tools", "supports_parallel_tool_calls", "supports_preserve_reasoning", "supports_system_role")
+        return ", ".join(k.removeprefix("supports_") for k in keys if self.caps.get(k)) or "plain chat"
+
+    def _repr_markdown_(self) -> str:
+        return (f"**{self.name}** loaded\n\n| | |\n|---|---|\n| path | `{self.path}` |\n| context | {self.n_ctx} "
+                f"tokens |\n| template | {self._flags()} |\n| server | `{self.address}` |")
+
+    def __repr__(self) -> str:
+        return f"{self.name} loaded: {self.path}\n  context {self.n_ctx} tokens · template: {self._flags()} · {self.address}"
+
+
+@dataclass
+class _Table:
+    rows: list[dict[str, Any]]
+    empty: str
+
+    def _repr_markdown_(self) -> str:
+        if not self.rows:
+            return f"_{self.empty}_"
+        cols = list(self.rows[0])
+        lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in self.rows]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        if not self.rows:
+            return self.empty
+        cols = list(self.rows[0])
+        widths = {c: max(len(c), *(len(str(r[c])) for r in self.rows)) for c in cols}
+        lines = ["  ".join(c.ljust(widths[c]) for c in cols)]
+        lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in cols) for r in self.rows]
+        return "\n".join(lines)
+
+
+# --- state ------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Turn:
+    key: str
+    user: str
+    reply: str
+
+
+@dataclass
+class _Model:
+    name: str
+    engine: Engine
+    reasoning: bool | None = None
+    history: list[_Turn] = field(default_factory=list)
+
+
+class _ArgParser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one clean line instead of SystemExit
+        raise UsageError(f"{self.prog}: {message}")
+
+    def exit(self, status: int = 0, message: str | None = None) -> Any:
+        raise UsageError(message or self.format_usage())
+
+
+def _cell_parser() -> _ArgParser:
+    p = _ArgParser(prog="%%gguf", add_help=False)
+    p.add_argument("name", nargs="?")
+    p.add_argument("-s", "--system")
+    p.add_argument("-t", "--temperature", type=float)
+    p.add_argument("-n", "--max-tokens", type=int)
+    p.add_argument("--no-history", action="store_true")
+    p.add_argument("-o", "--output")
+    p.add_argument("-f", "--format", choices=["markdown", "text", "code", "json"], default="markdown")
+    think = p.add_mutually_exclusive_group()
+    think.add_argument("--think", dest="think", action="store_true", default=None)
+    think.add_argument("--no-think", dest="think", action="store_false")
+    p.add_argument("--no-interpolate", action="store_true")
+    return p
+
+
+_PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)\}")
+_CODE_BLOCK = re.compile(r"```[\w+-]*\n(.*?)```", re.S)
+
+
+def interpolate(text: str, namespace: dict[str, Any]) -> str:
+    """Fill ``{name}`` / ``{obj.attr}`` from ``namespace``; ``{{`` and ``}}`` stand for braces. Other braces (code,
+    JSON) are left alone. An unknown name raises UsageError naming it."""
+
+    def sub(m: re.Match[str]) -> str:
+        token = m.group(0)
+        if token in ("{{", "}}"):
+            return token[0]
+        path = m.group(1).split(".")
+        if path[0] not in namespace:
+            raise UsageError(f"%%gguf: {{{m.group(1)}}} is not defined in the notebook (write {{{{ }}}} for a "
+                             f"literal brace, or use --no-interpolate)")
+        value = namespace[path[0]]
+        for attr in path[1:]:
+            value = getattr(value, attr)
+        return str(value)
+
+    return _PLACEHOLDER.sub(sub, text)
+
+
+@magics_class
+class GGUFMagics(Magics):
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self.models: dict[str, _Model] = {}
+        self.current: str | None = None
+        self.settings: dict[str, Any] = {"system": None, "temperature": None, "max_tokens": None}
+        self._cell_id: str | None = None
+        shell.events.register("pre_run_cell", self._pre_run_cell)
+
+    def _pre_run_cell(self, info: Any) -> None:
+        self._cell_id = getattr(info, "cell_id", None)
+
+    # --- entry point ----------------------------------------------------------------------------------------
+
+    @line_cell_magic
+    def gguf(self, line: str, cell: str | None = None) -> Any:
+        """%gguf load SPEC | ps | list | unload [NAME|--all] | use NAME | reset [NAME] | history | config | PROMPT
+        %%gguf [NAME] [-s SYSTEM] [-t TEMP] [-n MAX_TOKENS] [--no-history] [-o VAR] [-f FORMAT] [--think|--no-think]
+        [--no-interpolate]"""
+        try:
+            if cell is not None:
+                return self._cell(line, cell)
+            return self._line(line)
+        except ServerError as exc:
+            first = str(exc).splitlines()[0]
+            where = f" — server log: {exc.log_path}" if exc.log_path else ""
+            raise UsageError(f"%gguf: {first}{where}") from None
+        except GGUFProviderError as exc:
+            raise UsageError(f"%gguf: {str(exc).splitlines()[0]}") from None
+
+    # --- line commands --------------------------------------------------------------------------------------
+
+    def _line(self, line: str) -> Any:
+        try:
+            words = shlex.split(line)
+        except ValueError as exc:
+            raise UsageError(f"%gguf: {exc}") from None
+        if not words:
+            raise UsageError("%gguf: give a subcommand (load, ps, list, unload, use, reset, history, config) or a "
+                             "prompt")
+        cmd, rest = words[0], words[1:]
+        handler = getattr(self, f"_cmd_{cmd}", None)
+        if handler is None:
+            return self._one_shot(line)
+        return handler(rest)
+
+    def _cmd_load(self, args: list[str]) -> ModelSummary:
+        p = _ArgParser(prog="%gguf load", add_help=False)
+        p.add_argument("spec")
+        p.add_argument("--quant")
+        p.add_argument("--ctx", type=int)
+        p.add_argument("--as", dest="alias")
+        p.add_argument("--reasoning", choices=["on", "off"])
+        p.add_argument("--chat-template-file")
+        ns = p.parse_args(args)
+        name = ns.alias or ns.spec.rsplit("/", 1)[-1].removesuffix(".gguf")
+        progress = _Progress(self.shell)
+        config = EngineConfig(model=ns.spec, quant=ns.quant, n_ctx=ns.ctx, chat_template_file=ns.chat_template_file,
+                              progress=progress)
+        engine = Engine(config)
+        try:
+            info = engine.load()
+        finally:
+            progress.close()
+        old = self.models.get(name)
+        if old is not None and old.engine is not engine:
+            old.engine.unload()
+        reasoning = None if ns.reasoning is None else ns.reasoning == "on"
+        self.models[name] = _Model(name, engine, reasoning)
+        self.current = name
+        return ModelSummary(name, info.model, info.n_ctx, info.address.describe(), engine.capabilities())
+
+    def _cmd_ps(self, args: list[str]) -> _Table:
+        from .runtime import registry
+
+        registry.sweep()
+        rows = [{"id": k[:12], "pid": e["pid"], "model": e["model"].rsplit("/", 1)[-1], "ctx": e["n_ctx"],
+                 "leases": len(e.get("leases", {}))} for k, e in registry.read().items()]
+        return _Table(rows, "no servers running")
+
+    def _cmd_list(self, args: list[str]) -> _Table:
+        from .runtime.models import list_local_models
+
+        rows = []
+        for m in list_local_models():
+            d = m.__dict__
+            rows.append({"name": d.get("name"), "size": f"{int(d.get('size_bytes', 0)) / 2**20:.0f} MiB",
+                         "path": d.get("path")})
+        return _Table(rows, "no local models")
+
+    def _cmd_unload(self, args: list[str]) -> None:
+        names = list(self.models) if args == ["--all"] else (args or ([self.current] if self.current else []))
+        if not names:
+            raise UsageError("%gguf unload: no model is loaded")
+        for name in names:
+            model = self._model(name)
+            model.engine.unload()
+            del self.models[name]
+            print(f"unloaded {name}")
+        if self.current not in self.models:
+            self.current = next(iter(self.models), None)
+
+    def _cmd_use(self, args: list[str]) -> None:
+        if len(args) != 1:
+            raise UsageError("%gguf use NAME")
+        self.current = self._model(args[0]).name
+        print(f"using {self.current}")
+
+    def _cmd_reset(self, args: list[str]) -> None:
+        model = self._model(args[0] if args else None)
+        model.history.clear()
+        print(f"history of {model.name} cleared")
+
+    def _cmd_history(self, args: list[str]) -> _Table:
+        model = self._model(args[0] if args else None)
+        rows = [{"#": i + 1, "you": t.user[:80], "model": t.reply[:80]} for i, t in enumerate(model.history)]
+        return _Table(rows, f"no history for {model.name}")
+
+    def _cmd_config(self, args: list[str]) -> _Table:
+        p = _ArgParser(prog="%gguf config", add_help=False)
+        p.add_argument("--system")
+        p.add_argument("--temperature", type=float)
+        p.add_argument("--max-tokens", type=int)
+        ns = p.parse_args(args)
+        for key in ("system", "temperature", "max_tokens"):
+            value = getattr(ns, key)
+            if value is not None:
+                self.settings[key] = value
+        return _Table([{"setting": k, "value": v} for k, v in self.settings.items()], "")
+
+    def _one_shot(self, prompt: str) -> GGUFReply:
+        model = self._model(None)
+        messages = self._messages(model, prompt, self.settings["system"], history=False)
+        return self._run(model, messages, self.settings["temperature"], self.settings["max_tokens"], model.reasoning)
+
+    # --- the cell -------------------------------------------------------------------------------------------
+
+    def _cell(self, line: str, cell: str) -> Any:
+        try:
+            ns = _cell_parser().parse_args(shlex.split(line))
+        except ValueError as exc:
+            raise UsageError(f"%%gguf: {exc}") from None
+        model = self._model(ns.name)
+        prompt = cell.strip() if ns.no_interpolate else interpolate(cell.strip(), self.shell.user_ns)
+        if not prompt:
+            raise UsageError("%%gguf: the cell is empty: write your message below the %%gguf line")
+        system = ns.system if ns.system is not None else self.settings["system"]
+        key = self._cell_id or hashlib.sha256(f"{line}\n{cell}".encode()).hexdigest()[:16]
+        messages = self._messages(model, prompt, system, history=not ns.no_history, replace_key=key)
+        temperature = ns.temperature if ns.temperature is not None else self.settings["temperature"]
+        max_tokens = ns.max_tokens if ns.max_tokens is not None else self.settings["max_tokens"]
+        reasoning = ns.think if ns.think is not None else model.reasoning
+        response_format = {"type": "json_object"} if ns.format == "json" else None
+        reply = self._run(model, messages, temperature, max_tokens, reasoning, response_format,
+                          live=ns.format != "json")
+        if not ns.no_history:
+            self._record(model, key, prompt, reply.text)
+        if ns.output:
+            self.shell.user_ns[ns.output] = reply.text
+        if ns.format == "json":
+            try:
+                return json.loads(reply.text)
+            except ValueError:
+                raise UsageError("%%gguf -f json: the reply is not complete JSON (raise -n?)") from None
+        if ns.format == "code":
+            m = _CODE_BLOCK.search(reply.text)
+            self.shell.set_next_input((m.group(1) if m else reply.text).rstrip("\n"), replace=False)
+        if ns.format == "text":
+            print(reply.text)
+        return None
+
+    # --- helpers --------------------------------------------------------------------------------------------
+
+    def _model(self, name: str | None) -> _Model:
+        name = name or self.current
+        if name is None:
+            raise UsageError("%gguf: no model loaded: run %gguf load SPEC first")
+        if name not in self.models:
+            raise UsageError(f"%gguf: no model named {name!r} is loaded (loaded: {', '.join(self.models) or 'none'})")
+        return self.models[name]
+
+    def _messages(self, model: _Model, prompt: str, system: str | None, *, history: bool,
+                  replace_key: str | None = None) -> list[dict[str, Any]]:
+        messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+        if history:
+            for turn in model.history:
+                if turn.key == replace_key:
+                    break  # re-running a cell replaces its turn: the conversation up to it is the context
+                messages += [{"role": "user", "content": turn.user}, {"role": "assistant", "content": turn.reply}]
+        messages.append({"role": "user", "content": prompt})
+        return messages
+
+    def _record(self, model: _Model, key: str, prompt: str, reply: str) -> None:
+        for i, turn in enumerate(model.history):
+            if turn.key == key:
+                model.history[i] = _Turn(key, prompt, reply)
+                return
+        model.history.append(_Turn(key, prompt, reply))
+
+    def _run(self, model: _Model, messages: list[dict[str, Any]], temperature: float | None,
+             max_tokens: int | None, reasoning: bool | None, response_format: dict[str, Any] | None = None,
+             live: bool = True) -> GGUFReply:
+        request = chat.ChatRequest(messages=messages, params={"temperature": temperature, "max_tokens": max_tokens},
+                                   reasoning=reasoning, response_format=response_format)
+        reply = GGUFReply(model=model.name)
+        out = _LiveOutput(self.shell, reply) if live else None
+        text: list[str] = []
+        thinking: list[str] = []
+        events = chat.stream(model.engine, request)
+        try:
+            for ev in events:
+                if isinstance(ev, TextDelta):
+                    text.append(ev.text)
+                    if out:
+                        out.delta(ev.text, "".join(text), "".join(thinking))
+                elif isinstance(ev, ReasoningDelta):
+                    thinking.append(ev.text)
+                    if out:
+                        out.delta("", "".join(text), "".join(thinking))
+                elif isinstance(ev, Usage):
+                    reply.usage = {"input_tokens": ev.prompt_tokens, "output_tokens": ev.completion_tokens}
+                elif isinstance(ev, Timings) and ev.data.get("predicted_per_second"):
+                    reply.tokens_per_second = float(ev.data["predicted_per_second"])
+        except KeyboardInterrupt:
+            reply.interrupted = True  # the partial reply is kept; closing the stream stops generation
+        finally:
+            events.close()
+        reply.text, reply.reasoning, reply.done = "".join(text), "".join(thinking), True
+        if out:
+            out.finish()
+        self.shell.user_ns["_gguf_last"] = reply
+        return reply
+
+
+class _LiveOutput:
+    """Streams a reply: display updates in a kernel, flushed prints in a terminal."""
+
+    def __init__(self, shell: Any, reply: GGUFReply) -> None:
+        from IPython.display import display
+
+        self.reply = reply
+        self.rich = _is_kernel(shell)
+        self.last = 0.0
+        self.handle = display(reply, display_id=True) if self.rich else None
+        self.printed_thinking = False
+
+    def delta(self, piece: str, text: str, thinking: str) -> None:
+        if self.rich:
+            self.reply.text, self.reply.reasoning = text, thinking
+            now = time.monotonic()
+            if now - self.last >= _UPDATE_EVERY and self.handle is not None:
+                self.handle.update(self.reply)
+                self.last = now
+        elif piece:
+            print(piece, end="", flush=True)
+
+    def finish(self) -> None:
+        if self.rich and self.handle is not None:
+            self.handle.update(self.reply)
+        elif not self.rich:
+            footer = self.reply._footer()
+            print(f"\n[{footer}]" if footer else "", flush=True)
+
+
+def _is_kernel(shell: Any) -> bool:
+    return bool(getattr(shell, "kernel", None))
+
+
+class _Progress:
+    """Load progress: download bytes as a bar, then "loading" with elapsed time."""
+
+    def __init__(self, shell: Any) -> None:
+        self.shell = shell
+        self.bar: Any = None
+        self.handle: Any = None
+        self.rich = _is_kernel(shell)
+        self.last = 0.0
+        self.started = time.monotonic()
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if stage == "download":
+            if self.bar is None:
+                from tqdm.auto import tqdm
+
+                self.bar = tqdm(total=total or None, unit="B", unit_scale=True, desc="download")
+            self.bar.update(done - self.bar.n)
+            return
+        now = time.monotonic()
+        if now - self.last < 0.25:
+            return
+        self.last = now
+        msg = f"loading model … {now - self.started:.1f} s"
+        if self.rich:
+            from IPython.display import display
+
+            if self.handle is None:
+                self.handle = display({"text/plain": msg}, raw=True, display_id=True)
+            else:
+                self.handle.update({"text/plain": msg}, raw=True)
+        else:
+            print(f"\r{msg}", end="", flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if not self.rich and self.last:
+            print(flush=True)
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    ipython.register_magics(GGUFMagics(ipython))
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    magics = ipython.magics_manager.registry.get("GGUFMagics")
+    if magics is not None:
+        for model in magics.models.values():
+            model.engine.unload()
