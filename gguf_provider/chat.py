@@ -133,7 +133,8 @@ class EventProcessor:
                                 for i, c in enumerate(calls)]
             out.append(Finish("tool_calls", ev.model))
             return out
-        return ([TextDelta(text)] if text else []) + [ev]
+        tail: list[Event] = [TextDelta(text)] if text else []
+        return [*tail, ev]
 
 
 def stream(engine: Engine, request: ChatRequest) -> Iterator[Event]:

@@ -89,12 +89,19 @@ def error_from_body(status: int | None, body: Any) -> APIError:
     message = str(err.get("message") or err)
     etype = err.get("type")
     if etype == "exceed_context_size_error" or "exceeds the available context size" in message:
-        n_prompt, n_ctx = err.get("n_prompt_tokens"), err.get("n_ctx")
+        n_prompt, n_ctx = _int_or_none(err.get("n_prompt_tokens")), _int_or_none(err.get("n_ctx"))
         return ContextOverflowError(
             f"the prompt ({n_prompt} tokens) does not fit the context window ({n_ctx} tokens): shorten the input, "
             f"trim the history, or start the model with a larger n_ctx", n_prompt_tokens=n_prompt, n_ctx=n_ctx)
     code = err.get("code", status)
     return APIError(f"llama-server error{f' {code}' if code else ''}: {message}", status_code=status, body=body)
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _raise_for_status(r: httpx.Response, body: bytes) -> None:

@@ -14,6 +14,7 @@ import json
 import re
 import shlex
 import time
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -189,6 +190,7 @@ class GGUFMagics(Magics):
         self.current: str | None = None
         self.settings: dict[str, Any] = {"system": None, "temperature": None, "max_tokens": None}
         self._cell_id: str | None = None
+        self._shell: Any = shell
         shell.events.register("pre_run_cell", self._pre_run_cell)
 
     def _pre_run_cell(self, info: Any) -> None:
@@ -238,7 +240,7 @@ class GGUFMagics(Magics):
         p.add_argument("--chat-template-file")
         ns = p.parse_args(args)
         name = ns.alias or ns.spec.rsplit("/", 1)[-1].removesuffix(".gguf")
-        progress = _Progress(self.shell)
+        progress = _Progress(self._shell)
         config = EngineConfig(model=ns.spec, quant=ns.quant, n_ctx=ns.ctx, chat_template_file=ns.chat_template_file,
                               progress=progress)
         engine = Engine(config)
@@ -325,7 +327,7 @@ class GGUFMagics(Magics):
         except ValueError as exc:
             raise UsageError(f"%%gguf: {exc}") from None
         model = self._model(ns.name)
-        prompt = cell.strip() if ns.no_interpolate else interpolate(cell.strip(), self.shell.user_ns)
+        prompt = cell.strip() if ns.no_interpolate else interpolate(cell.strip(), self._shell.user_ns)
         if not prompt:
             raise UsageError("%%gguf: the cell is empty: write your message below the %%gguf line")
         system = ns.system if ns.system is not None else self.settings["system"]
@@ -340,7 +342,7 @@ class GGUFMagics(Magics):
         if not ns.no_history:
             self._record(model, key, prompt, reply.text)
         if ns.output:
-            self.shell.user_ns[ns.output] = reply.text
+            self._shell.user_ns[ns.output] = reply.text
         if ns.format == "json":
             try:
                 return json.loads(reply.text)
@@ -348,7 +350,7 @@ class GGUFMagics(Magics):
                 raise UsageError("%%gguf -f json: the reply is not complete JSON (raise -n?)") from None
         if ns.format == "code":
             m = _CODE_BLOCK.search(reply.text)
-            self.shell.set_next_input((m.group(1) if m else reply.text).rstrip("\n"), replace=False)
+            self._shell.set_next_input((m.group(1) if m else reply.text).rstrip("\n"), replace=False)
         if ns.format == "text":
             print(reply.text)
         return None
@@ -387,10 +389,11 @@ class GGUFMagics(Magics):
         request = chat.ChatRequest(messages=messages, params={"temperature": temperature, "max_tokens": max_tokens},
                                    reasoning=reasoning, response_format=response_format)
         reply = GGUFReply(model=model.name)
-        out = _LiveOutput(self.shell, reply) if live else None
+        out = _LiveOutput(self._shell, reply) if live else None
         text: list[str] = []
         thinking: list[str] = []
         events = chat.stream(model.engine, request)
+        assert isinstance(events, Generator)
         try:
             for ev in events:
                 if isinstance(ev, TextDelta):
@@ -412,7 +415,7 @@ class GGUFMagics(Magics):
         reply.text, reply.reasoning, reply.done = "".join(text), "".join(thinking), True
         if out:
             out.finish()
-        self.shell.user_ns["_gguf_last"] = reply
+        self._shell.user_ns["_gguf_last"] = reply
         return reply
 
 
@@ -425,7 +428,7 @@ class _LiveOutput:
         self.reply = reply
         self.rich = _is_kernel(shell)
         self.last = 0.0
-        self.handle = display(reply, display_id=True) if self.rich else None
+        self.handle = display(reply, display_id=True) if self.rich else None  # type: ignore[no-untyped-call]
         self.printed_thinking = False
 
     def delta(self, piece: str, text: str, thinking: str) -> None:
@@ -478,7 +481,7 @@ class _Progress:
             from IPython.display import display
 
             if self.handle is None:
-                self.handle = display({"text/plain": msg}, raw=True, display_id=True)
+                self.handle = display({"text/plain": msg}, raw=True, display_id=True)  # type: ignore[no-untyped-call]
             else:
                 self.handle.update({"text/plain": msg}, raw=True)
         else:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from ..errors import BuildError
 from . import paths
@@ -171,10 +172,9 @@ def parse_progress(line: str) -> tuple[int, int] | None:
     return None
 
 
-def _run_logged(cmd: list[str], log: object, log_path: Path, step: str, progress: ProgressFn | None) -> None:
-    assert hasattr(log, "write")
-    log.write(f"$ {' '.join(cmd)}\n")  # type: ignore[attr-defined]
-    log.flush()  # type: ignore[attr-defined]
+def _run_logged(cmd: list[str], log: TextIO, log_path: Path, step: str, progress: ProgressFn | None) -> None:
+    log.write(f"$ {' '.join(cmd)}\n")
+    log.flush()
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
     except OSError as exc:
@@ -186,14 +186,14 @@ def _run_logged(cmd: list[str], log: object, log_path: Path, step: str, progress
     assert proc.stdout is not None
     tail: list[str] = []
     for line in proc.stdout:
-        log.write(line)  # type: ignore[attr-defined]
+        log.write(line)
         tail = (tail + [line.rstrip()])[-5:]
         if progress is not None:
             step_done = parse_progress(line)
             if step_done:
                 progress(step_done[0], step_done[1], line.rstrip()[:80])
     rc = proc.wait()
-    log.flush()  # type: ignore[attr-defined]
+    log.flush()
     if rc != 0:
         last = " | ".join(t for t in tail if t)[-400:]
         raise BuildError(

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from gguf_provider.runtime import paths  # noqa: E402
+from gguf_provider.runtime import paths
 
 
 @dataclass(frozen=True)
