@@ -1,0 +1,216 @@
+"""The %gguf / %%gguf magics in a real IPython shell against a real llama-server, and the quickstart notebook
+executed headlessly with nbclient."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import nbformat
+import pytest
+from IPython.core.error import UsageError
+from IPython.testing.globalipapp import start_ipython
+
+from gguf_provider import chat as chat_module
+from gguf_provider import magics as magics_module
+from tests.support import make_notebook
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def ip(smollm2_path: Path) -> Iterator[Any]:
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "gguf_provider")
+    summary = shell.run_line_magic("gguf", f"load {smollm2_path} --ctx 2048 --as smol")
+    assert summary.n_ctx == 2048
+    yield shell
+    try:
+        shell.run_line_magic("gguf", "unload --all")
+    except UsageError:
+        pass
+
+
+@pytest.fixture
+def payloads(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Record the request payloads the magics send (the real server still answers)."""
+    sent: list[dict[str, Any]] = []
+    real = chat_module.Engine.stream
+
+    def spy(self: Any, payload: dict[str, Any]) -> Iterator[Any]:
+        sent.append(copy.deepcopy(payload))
+        return real(self, payload)
+
+    monkeypatch.setattr(chat_module.Engine, "stream", spy)
+    return sent
+
+
+def _magics(ip: Any) -> magics_module.GGUFMagics:
+    m = ip.magics_manager.registry["GGUFMagics"]
+    assert isinstance(m, magics_module.GGUFMagics)
+    return m
+
+
+def test_load_summary_reads_the_server(ip: Any) -> None:
+    m = _magics(ip)
+    engine = m.models["smol"].engine
+    props = engine.client.get_json("/props")
+    assert props["default_generation_settings"]["n_ctx"] == engine.n_ctx == 2048
+    summary = magics_module.ModelSummary("smol", engine.info.model, engine.n_ctx, "x", engine.capabilities())
+    assert "context 2048 tokens" in repr(summary) and "| context | 2048 tokens |" in summary._repr_markdown_()
+
+
+def test_cell_streams_stores_output_and_history(ip: Any, payloads: list[dict[str, Any]]) -> None:
+    ip.run_line_magic("gguf", "reset")
+    ip.user_ns["city"] = "Paris"
+    ip.run_cell_magic("gguf", "-o first -t 0 -n 20", "Name one landmark in {city}. {{braces}} stay.")
+    assert isinstance(ip.user_ns["first"], str) and ip.user_ns["first"]
+    assert payloads[-1]["messages"][-1]["content"] == "Name one landmark in Paris. {braces} stay."
+    last = ip.user_ns["_gguf_last"]
+    assert last.text == ip.user_ns["first"] and last.done and last.usage["output_tokens"] > 0
+    ip.run_cell_magic("gguf", "-t 0 -n 10", "And another one?")
+    history = payloads[-1]["messages"]
+    assert [m["role"] for m in history] == ["user", "assistant", "user"]
+    assert history[1]["content"] == ip.user_ns["first"]
+    assert len(_magics(ip).models["smol"].history) == 2
+
+
+def test_rerunning_a_cell_replaces_its_turn(ip: Any, payloads: list[dict[str, Any]]) -> None:
+    ip.run_line_magic("gguf", "reset")
+    ip.run_cell_magic("gguf", "-t 0 -n 8", "Say A.")
+    ip.run_cell_magic("gguf", "-t 0 -n 8", "Say B.")
+    ip.run_cell_magic("gguf", "-t 0 -n 8", "Say A.")  # the same cell again
+    turns = _magics(ip).models["smol"].history
+    assert [t.user for t in turns] == ["Say A.", "Say B."]
+    assert [m["content"] for m in payloads[-1]["messages"] if m["role"] == "user"] == ["Say A."]
+
+
+def test_no_history_system_and_config(ip: Any, payloads: list[dict[str, Any]]) -> None:
+    ip.run_line_magic("gguf", "reset")
+    table = ip.run_line_magic("gguf", "config --system 'Be terse.' --max-tokens 12 --temperature 0")
+    assert "Be terse." in repr(table)
+    ip.run_cell_magic("gguf", "--no-history -s 'Answer in French.'", "Hello")
+    sent = payloads[-1]
+    assert sent["messages"][0] == {"role": "system", "content": "Answer in French."}
+    assert sent["max_tokens"] <= 12 and sent["temperature"] == 0
+    assert _magics(ip).models["smol"].history == []
+    reply = ip.run_line_magic("gguf", "What is 2+2?")
+    assert reply.text and payloads[-1]["messages"][0]["content"] == "Be terse."
+    ip.run_line_magic("gguf", "config --system '' --max-tokens 64")
+
+
+def test_no_interpolate_and_unknown_name(ip: Any, payloads: list[dict[str, Any]]) -> None:
+    with pytest.raises(UsageError, match=r"\{missing_var\} is not defined"):
+        ip.run_cell_magic("gguf", "-n 5", "Use {missing_var} here")
+    ip.run_cell_magic("gguf", "--no-interpolate --no-history -n 5 -t 0", "Keep {missing_var} as is")
+    assert payloads[-1]["messages"][-1]["content"] == "Keep {missing_var} as is"
+
+
+def test_format_code_puts_code_in_next_cell(ip: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    captured: list[str] = []
+    monkeypatch.setattr(ip, "set_next_input", lambda text, replace=False: captured.append(text))
+    ip.run_cell_magic("gguf", "-f code --no-history -t 0 -n 80",
+                      "Write a Python function add(a, b) returning a + b, in a ```python code block.")
+    assert captured and "def add" in captured[0] and "```" not in captured[0]
+
+
+def test_format_json_returns_parsed_json(ip: Any) -> None:
+    value = ip.run_cell_magic("gguf", "-f json --no-history -t 0 -n 60",
+                              'Return a JSON object with a key "city" whose value is "Paris".')
+    assert isinstance(value, dict | list)
+    json.dumps(value)
+
+
+def test_use_history_ps_list_and_errors(ip: Any, smollm2_path: Path) -> None:
+    assert "smol" in repr(ip.run_line_magic("gguf", "ps")) or "SmolLM2" in repr(ip.run_line_magic("gguf", "ps"))
+    assert "SmolLM2-135M-Instruct" in repr(ip.run_line_magic("gguf", "list"))
+    ip.run_line_magic("gguf", "use smol")
+    assert "#" in repr(ip.run_line_magic("gguf", "history")) or "no history" in repr(ip.run_line_magic("gguf", "history"))
+    with pytest.raises(UsageError, match="no model named 'nope'"):
+        ip.run_line_magic("gguf", "use nope")
+    with pytest.raises(UsageError, match="invalid choice"):
+        ip.run_cell_magic("gguf", "-f yaml", "hi")
+    with pytest.raises(UsageError, match="argument -n/--max-tokens: invalid int value"):
+        ip.run_cell_magic("gguf", "-n lots", "hi")
+    with pytest.raises(UsageError, match="cell is empty"):
+        ip.run_cell_magic("gguf", "", "   ")
+    with pytest.raises(UsageError, match=r"%gguf: .*(not found|No model|no model)"):
+        ip.run_line_magic("gguf", "load /no/such/model.gguf")
+
+
+def test_server_failure_is_one_line_with_log_path(ip: Any, tmp_path: Path, smollm2_path: Path) -> None:
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% this is not jinja")
+    with pytest.raises(UsageError) as info:
+        ip.run_line_magic("gguf", f"load {smollm2_path} --ctx 1024 --as broken --chat-template-file {bad}")
+    msg = str(info.value)
+    assert "\n" not in msg and "server log:" in msg and msg.endswith(".log")
+    assert "broken" not in _magics(ip).models
+
+
+def test_interrupt_keeps_partial_reply_and_frees_the_slot(ip: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = magics_module.chat.stream
+
+    def interrupted(engine: Any, request: Any) -> Iterator[Any]:
+        n = 0
+        for ev in real(engine, request):
+            yield ev
+            n += 1
+            if n == 5:
+                raise KeyboardInterrupt  # what Ctrl-C / "interrupt kernel" raises in the consuming loop
+
+    monkeypatch.setattr(magics_module.chat, "stream", interrupted)
+    ip.run_line_magic("gguf", "reset")
+    ip.run_cell_magic("gguf", "-t 0 -n 200", "Count from 1 to 100, one number per line.")
+    last = ip.user_ns["_gguf_last"]
+    assert last.interrupted and last.text
+    assert _magics(ip).models["smol"].history[-1].reply == last.text
+    engine = _magics(ip).models["smol"].engine
+    deadline = time.monotonic() + 1.0
+    while True:
+        slots = engine.client.get_json("/slots")
+        if not any(s.get("is_processing") for s in slots) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not any(s.get("is_processing") for s in slots)
+
+
+def test_unload(ip: Any, smollm2_path: Path) -> None:
+    ip.run_line_magic("gguf", f"load {smollm2_path} --ctx 1024 --as second")
+    engine = _magics(ip).models["second"].engine
+    info = engine.info
+    ip.run_line_magic("gguf", "unload second")
+    assert "second" not in _magics(ip).models
+    deadline = time.monotonic() + 5
+    while info.alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not info.alive()  # keep_alive is 0 in the tests: the last lease stopped it
+    with pytest.raises(httpx.TransportError):
+        httpx.Client(transport=httpx.HTTPTransport(uds=info.address.socket)).get("http://x/health")
+
+
+def test_quickstart_notebook_executes(tmp_path: Path) -> None:
+    committed = nbformat.read(make_notebook.NOTEBOOK, as_version=4)
+    fresh = make_notebook.build()
+    assert [c.source for c in committed.cells] == [c.source for c in fresh.cells], \
+        "notebooks/quickstart.ipynb is stale: run python tests/support/make_notebook.py"
+    assert any(c.get("outputs") for c in committed.cells), "the committed notebook must show real outputs"
+    nb = make_notebook.execute(fresh, tmp_path)
+    outputs = {c.source.splitlines()[0]: c.outputs for c in nb.cells if c.cell_type == "code"}
+
+    def text(key: str) -> str:
+        return "\n".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", ""))
+                         for o in outputs[key])
+
+    assert "context 2048 tokens" in text("%gguf load SmolLM2-135M-Instruct --ctx 2048")
+    assert "Paris" in text("%%gguf -t 0 -n 60")
+    assert any(o.get("data", {}).get("text/markdown") for o in outputs["%%gguf -t 0 -n 60"])
+    assert text("print(len(answer) > 0, answer[:200])").startswith("True ")
+    assert "rainbows" in text("%gguf history")
+    assert "def add" in text("%%gguf -f code -t 0 -n 120 --no-history")
+    assert "unloaded SmolLM2-135M-Instruct" in text("%gguf unload")
