@@ -1,0 +1,93 @@
+"""The CLI (pull, models, serve, ps, stop) and a model named by Hugging Face repo answering through ChatGGUF,
+against the local HF endpoint and the real llama-server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gguf_provider import ChatGGUF
+from gguf_provider.runtime import registry
+from tests.support.hf_endpoint import HFEndpoint
+from tests.support.hf_repos import MAIN, SPLIT
+
+CLI = [sys.executable, "-m", "gguf_provider.cli"]
+pytestmark = pytest.mark.timeout(300)
+
+
+def _env(hub: HFEndpoint) -> dict[str, str]:
+    """The environment a user would set: huggingface_hub reads these at import in the CLI's process."""
+    keys = ("HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_DISABLE_XET", "GGUF_PROVIDER_HOME",
+            "GGUF_PROVIDER_KEEP_ALIVE")
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_TOKEN")}
+    env.update({k: os.environ[k] for k in keys if k in os.environ})
+    return env
+
+
+def test_chatgguf_from_a_hf_repo_and_a_split_set(hub: HFEndpoint) -> None:
+    for spec in (f"{MAIN}:Q8_0", SPLIT + ":Q4_1"):
+        llm = ChatGGUF(model=spec, n_ctx=1024, temperature=0, max_tokens=8)
+        msg = llm.invoke("Say hello.")
+        assert isinstance(msg.content, str) and msg.content
+        props = llm.engine.client.get_json("/props")
+        assert "/snapshots/" in props["model_path"]  # served from the standard HF cache
+        llm.unload()
+
+
+def test_cli_pull_then_models_lists_it(hub: HFEndpoint) -> None:
+    env = _env(hub)
+    out = subprocess.run([*CLI, "pull", f"{MAIN}:Q8_0"], capture_output=True, text=True, env=env, check=True)
+    path = Path(out.stdout.strip().splitlines()[-1])
+    assert path.is_file() and path.name == "SmolLM2-135M-Instruct-Q8_0.gguf"
+    listed = json.loads(subprocess.run([*CLI, "models", "--json"], capture_output=True, text=True, env=env,
+                                       check=True).stdout)
+    assert any(m.get("repo") == MAIN and m.get("quant") == "Q8_0" for m in listed)
+    bad = subprocess.run([*CLI, "pull", f"{MAIN}:Q3_K_S"], capture_output=True, text=True, env=env)
+    assert bad.returncode == 1 and "Q8_0" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_cli_serve_ps_stop(smollm2_path: Path) -> None:
+    """`serve` on a TCP port: listed by `ps --json`, refuses requests without the key, stopped by `stop`."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    serve = subprocess.Popen([*CLI, "serve", str(smollm2_path), "--port", "0", "--ctx", "1024"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        assert serve.stdout is not None
+        line = serve.stdout.readline()
+        assert line.startswith("serving"), line
+        rows = json.loads(subprocess.run([*CLI, "ps", "--json"], capture_output=True, text=True,
+                                         check=True).stdout)
+        row = next(r for r in rows if r["model"] == str(smollm2_path) and str(r["address"]).startswith("http"))
+        url = row["address"]
+        assert httpx.get(f"{url}/v1/models", timeout=5).status_code == 401
+        entry = next(e for e in registry.read().values() if e.get("url") == url)
+        key = Path(entry["api_key_file"]).read_text().strip()
+        assert httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=5).status_code == 200
+        stop = subprocess.run([*CLI, "stop", row["id"]], capture_output=True, text=True, check=True)
+        assert f"stopped pid {row['pid']}" in stop.stdout
+        serve.wait(timeout=15)
+        assert serve.returncode == 0
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"{url}/health", timeout=1)
+            except httpx.TransportError:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the server still answers after `gguf-provider stop`")
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+
+
+def test_cli_stop_unknown_id_fails() -> None:
+    out = subprocess.run([*CLI, "stop", "doesnotexist"], capture_output=True, text=True)
+    assert out.returncode == 1 and "nothing to stop" in out.stdout
