@@ -79,6 +79,8 @@ class ChatGGUF(BaseChatModel):
     ``$GGUF_PROVIDER_KEEP_ALIVE`` or 300."""
     shared: bool = True
     llama_server: str | None = None
+    rpc_servers: list[str] = Field(default_factory=list)
+    """llama.cpp RPC workers (``host:port``) to spread the model over (``--rpc``)."""
 
     # --- sampling ---
     temperature: float | None = None
@@ -114,7 +116,7 @@ class ChatGGUF(BaseChatModel):
             chat_template=self.chat_template, chat_template_file=self.chat_template_file,
             reasoning_format=self.reasoning_format, server_args=tuple(self.server_args),
             keep_alive=self.keep_alive, shared=self.shared, llama_server=self.llama_server,
-            timeout=self.timeout or DEFAULT_TIMEOUT)
+            rpc_servers=tuple(self.rpc_servers), timeout=self.timeout or DEFAULT_TIMEOUT)
 
     @property
     def engine(self) -> Engine:

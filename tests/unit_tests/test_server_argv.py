@@ -1,0 +1,54 @@
+"""The llama-server command line built from a spec: identity marker, safety flags, no secrets, --rpc."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gguf_provider.runtime.discovery import ServerCapabilities
+from gguf_provider.runtime.manager import ServerSpec, build_argv
+from gguf_provider.runtime.process import Address, clean_env
+
+CAPS = ServerCapabilities(path="llama-server", version="test", flags={
+    "--jinja": True, "--no-webui": True, "--offline": True, "--kv-unified": True, "--api-key-file": True})
+
+
+def test_unix_socket_argv_has_marker_and_safety_flags() -> None:
+    spec = ServerSpec(model=Path("/m/model.gguf"), n_parallel=2, rpc_servers=("10.0.0.2:50052", "10.0.0.3:50052"),
+                      chat_template_file="/t/tpl.jinja", embedding=True)
+    argv = build_argv(spec, Path("/bin/llama-server"), CAPS, "gguf-provider-abc", 4096,
+                      Address(socket="/run/x.sock"), None)
+    assert argv[argv.index("--alias") + 1] == "gguf-provider-abc"
+    assert argv[argv.index("-c") + 1] == "4096"
+    assert argv[argv.index("--host") + 1] == "/run/x.sock" and "--port" not in argv
+    assert {"--jinja", "--no-webui", "--offline", "--kv-unified"} <= set(argv)
+    assert argv[argv.index("--rpc") + 1] == "10.0.0.2:50052,10.0.0.3:50052"
+    assert argv[argv.index("--pooling") + 1] == "mean"
+    assert argv[argv.index("--chat-template-file") + 1] == "/t/tpl.jinja"
+
+
+def test_tcp_argv_passes_the_key_by_file_only(tmp_path: Path) -> None:
+    key_file = tmp_path / "k.key"
+    address = Address(url="http://127.0.0.1:43210", api_key="s3cret-key")
+    argv = build_argv(ServerSpec(model=Path("/m.gguf")), Path("/bin/llama-server"), CAPS, "a", 512, address, key_file)
+    assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[argv.index("--port") + 1] == "43210"
+    assert argv[argv.index("--api-key-file") + 1] == str(key_file)
+    assert not any("s3cret" in a for a in argv)
+    assert "--api-key" not in argv
+
+
+def test_flags_the_binary_lacks_are_not_passed() -> None:
+    old = ServerCapabilities(path="llama-server", version="old", flags={})
+    argv = build_argv(ServerSpec(model=Path("/m.gguf")), Path("/b"), old, "a", 512, Address(socket="/s"), None)
+    assert not {"--jinja", "--no-webui", "--offline"} & set(argv)
+
+
+def test_llama_arg_environment_is_scrubbed(monkeypatch: object) -> None:
+    import os
+
+    os.environ["LLAMA_ARG_CTX_SIZE"] = "128"
+    os.environ["LLAMA_API_KEY"] = "leak"
+    try:
+        env = clean_env()
+    finally:
+        del os.environ["LLAMA_ARG_CTX_SIZE"], os.environ["LLAMA_API_KEY"]
+    assert "LLAMA_ARG_CTX_SIZE" not in env and "LLAMA_API_KEY" not in env and "PATH" in env
