@@ -31,10 +31,13 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from .langchain import ChatGGUF, GGUFEmbeddings
+    from .llama_index import GGUF, GGUFEmbedding
 
 _LAZY = {
     "ChatGGUF": ("gguf_provider.langchain", "langchain", "langchain_core"),
     "GGUFEmbeddings": ("gguf_provider.langchain", "langchain", "langchain_core"),
+    "GGUF": ("gguf_provider.llama_index", "llama-index", "llama_index.core"),
+    "GGUFEmbedding": ("gguf_provider.llama_index", "llama-index", "llama_index.core"),
 }
 
 
@@ -58,7 +61,8 @@ def load_ipython_extension(ipython: Any) -> None:
 
 
 __all__ = [
-    "APIError", "BinaryNotFoundError", "BuildError", "ChatGGUF", "ContextOverflowError", "GGUFEmbeddings",
+    "APIError", "BinaryNotFoundError", "BuildError", "ChatGGUF", "ContextOverflowError", "GGUF", "GGUFEmbedding",
+    "GGUFEmbeddings",
     "GGUFFormatError", "GGUFProviderError", "InsufficientDiskError", "InsufficientMemoryError", "MissingShardError",
     "ModelError", "ModelNotFoundError", "ServerConnectionError", "ServerCrashedError", "ServerError",
     "ServerStartError", "ServerTimeoutError", "UnknownQuantError", "__version__",
