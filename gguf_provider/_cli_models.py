@@ -44,8 +44,12 @@ def cmd_stop(args: argparse.Namespace) -> int:
             if args.all or key.startswith(args.id or "\0"):
                 stopped.append(data.pop(key))
     for e in stopped:
-        registry.stop_entry(e)
-        print(f"stopped pid {e['pid']} ({e['model']})")
+        if registry.server_alive(e):
+            registry.stop_entry(e)
+            print(f"stopped pid {e['pid']} ({e['model']})")
+        else:  # dead, or a pid now used by a process we did not start: only the entry goes
+            registry.stop_entry(e)
+            print(f"removed the stale entry of pid {e['pid']} (not our running server) ({e['model']})")
     if not stopped:
         print("nothing to stop")
         return 1 if args.id else 0

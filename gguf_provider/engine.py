@@ -9,6 +9,7 @@ before generation.
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field, replace
@@ -162,7 +163,7 @@ class Engine:
 
     def _failure(self, exc: httpx.TransportError) -> Exception:
         info = self._info
-        if info is not None and self._lease is not None and not info.alive():
+        if info is not None and self._lease is not None and not _still_alive(info):
             with self._lock:
                 self._drop()  # the next call starts a fresh server
             return ServerCrashedError(
@@ -253,6 +254,17 @@ class Engine:
 
     def with_config(self, **changes: Any) -> Engine:
         return Engine(replace(self.config, **changes))
+
+
+def _still_alive(info: mgr.ServerInfo, grace: float = 0.3) -> bool:
+    """Whether the server is still alive after up to ``grace`` seconds: a killed server closes its sockets a
+    moment before it shows up as exited."""
+    deadline = time.monotonic() + grace
+    while info.alive():
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.02)
+    return False
 
 
 def _template_payload(payload: dict[str, Any]) -> dict[str, Any]:

@@ -24,13 +24,14 @@ from typing import Any
 
 import httpx
 
-from ..errors import ServerConnectionError, ServerStartError
+from ..errors import GGUFFormatError, ServerConnectionError, ServerStartError, ServerTimeoutError
 from . import discovery, paths, process, registry
 from .process import Address, ProgressFn
 
 DEFAULT_KEEP_ALIVE = 300.0
 """Seconds a shared server outlives its last client; ``$GGUF_PROVIDER_KEEP_ALIVE`` overrides it."""
 DEFAULT_START_TIMEOUT = 600.0
+_TRUNCATED = "data is not within the file bounds"  # llama-server's words for a model file cut short
 
 
 @dataclass(frozen=True)
@@ -225,8 +226,14 @@ class ServerManager:
         info = _info(key, entry)
         try:
             props = read_props(info.address)
-        except (httpx.HTTPError, ValueError):
-            return None
+        except (httpx.HTTPError, ValueError) as exc:
+            # Our server (pid, start time and alias match) but it does not answer: starting another one here
+            # would overwrite its entry and orphan it. Say so instead.
+            err = ServerTimeoutError if isinstance(exc, httpx.TimeoutException) else ServerConnectionError
+            raise err(
+                f"the shared llama-server for this model (pid {info.pid}, {info.address.describe()}) is running "
+                f"but does not answer ({type(exc).__name__}); it may be stopped or overloaded. Stop it with "
+                f"`gguf-provider stop {key[:12]}` and try again", info.log_tail(10), info.log_path) from exc
         if props.get("model_alias") not in (None, info.alias) or (
                 props.get("model_path") and os.path.realpath(props["model_path"]) != os.path.realpath(info.model)):
             return None  # the address answers, but not as our server
@@ -245,12 +252,13 @@ class ServerManager:
 
     def _start(self, key: str, spec: ServerSpec, binary: Path, *, shared: bool, keep_alive: float,
                start_timeout: float, progress: ProgressFn | None) -> ServerInfo:
+        from . import fit, gguf
+
         caps = discovery.probe(binary)
+        # A file that is not GGUF or is cut short fails here, typed and before anything is spawned.
+        header = gguf.read_header(spec.model)
         n_ctx = spec.n_ctx
         if n_ctx is None or n_ctx <= 0:
-            from . import fit, gguf  # only needed to size the context
-
-            header = gguf.read_header(spec.model)
             size = sum(p.stat().st_size for p in (spec.shards or (spec.model,)))
             n_ctx = fit.fit_context(header, size, n_gpu_layers=spec.n_gpu_layers).n_ctx
         run = paths.runtime_dir()
@@ -285,17 +293,22 @@ class ServerManager:
         try:
             process.wait_healthy(proc, proc.pid, address, log_path, timeout=start_timeout, progress=progress)
             props = read_props(address)
-        except BaseException:
+        except BaseException as exc:
             with registry.locked() as data:
                 data.pop(key, None)
             registry.stop_entry(entry)
+            if isinstance(exc, ServerStartError) and _TRUNCATED in exc.log_tail:
+                line = next(ln for ln in exc.log_tail.splitlines() if _TRUNCATED in ln)
+                raise GGUFFormatError(
+                    f"{spec.model} is truncated or corrupted (llama-server: {line.split('error loading model: ')[-1]})"
+                    f"; download it again (log: {log_path})") from exc
             raise
         n_eff = props_n_ctx(props) or n_ctx
         with registry.locked() as data:
             if key in data:
                 data[key]["n_ctx"] = n_eff
         if shared and keep_alive >= 0:
-            _spawn_watchdog(key)
+            _spawn_watchdog(key, entry)
         info = _info(key, entry)
         info.props, info.n_ctx = props, n_eff
         return info
@@ -313,9 +326,9 @@ class ServerManager:
         me = str(os.getpid())
         with registry.locked() as data:
             entry = data.get(key)
-            if entry is None:
-                return
-            entry.get("leases", {}).pop(me, None)
+            if entry is None or me not in entry.get("leases", {}):
+                return  # not (or no longer) ours: e.g. the registry was reset and the key names another server
+            entry["leases"].pop(me)
             if entry["leases"]:
                 return
             entry["idle_since"] = time.time()
@@ -338,10 +351,13 @@ def _info(key: str, entry: registry.Entry) -> ServerInfo:
                       address=address, log_path=Path(entry["log"]), model=entry["model"], n_ctx=int(entry["n_ctx"]))
 
 
-def _spawn_watchdog(key: str) -> None:
-    """A detached process that stops the server once its clients are gone and keep_alive ran out."""
+def _spawn_watchdog(key: str, entry: registry.Entry) -> None:
+    """A detached process that stops the server once its clients are gone and keep_alive ran out.
+
+    It gets the entry too: it knows its server even if the registry loses the entry before its first look.
+    """
     env = dict(os.environ, GGUF_PROVIDER_HOME=str(paths.home()))
-    subprocess.Popen([sys.executable, "-m", "gguf_provider.runtime.watchdog", key], env=env,
+    subprocess.Popen([sys.executable, "-m", "gguf_provider.runtime.watchdog", key, json.dumps(entry)], env=env,
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                      start_new_session=True, close_fds=True)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -111,15 +112,38 @@ def sweep_entry(entry: Entry, now: float) -> bool:
 
 
 def stop_entry(entry: Entry) -> None:
+    """Stop the entry's server if it is provably ours, then remove its socket and key file.
+
+    A socket that something still listens on is left alone: the entry may be stale or forged, and the socket then
+    belongs to a process we cannot prove we started.
+    """
     if server_alive(entry):
         process.stop_process(int(entry["pid"]), float(entry["create_time"]), entry["alias"])
-    for name in ("socket", "api_key_file"):
-        p = entry.get(name)
-        if p:
-            try:
-                os.unlink(p)
-            except OSError:
-                pass
+    sock = entry.get("socket")
+    if sock and not _listening(sock):
+        _unlink(sock)
+    key_file = entry.get("api_key_file")
+    if key_file and not server_alive(entry):
+        _unlink(key_file)
+
+
+def _listening(path: str) -> bool:
+    if not hasattr(socket, "AF_UNIX"):
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        try:
+            s.connect(path)
+        except OSError:
+            return False
+    return True
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def sweep(only: str | None = None) -> list[Entry]:

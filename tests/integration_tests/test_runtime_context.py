@@ -1,0 +1,88 @@
+"""The effective context is the server's own, and `max_tokens` never asks for more than the context leaves."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from gguf_provider.client import EngineClient, Usage
+from gguf_provider.engine import Engine, EngineConfig
+from tests.support.runtime import RuntimeEnv, rt  # noqa: F401
+
+pytestmark = pytest.mark.slow
+
+
+def _server_n_ctx(engine: Engine) -> int:
+    addr = engine.info.address
+    with httpx.Client(transport=addr.transport(), base_url=addr.base_url, headers=addr.headers(), timeout=10) as h:
+        props = h.get("/props").json()
+    return int(props["default_generation_settings"]["n_ctx"])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n_ctx", [2048, 1000, None])
+def test_effective_context_is_props_n_ctx(rt: RuntimeEnv, n_ctx: int | None) -> None:  # noqa: F811
+    engine = Engine(EngineConfig(model_path=str(rt.model), n_ctx=n_ctx))
+    try:
+        served = _server_n_ctx(engine)
+        assert engine.n_ctx == served
+        assert rt.registry()[engine.info.key]["n_ctx"] == served
+        if n_ctx is not None:
+            assert served >= n_ctx  # the server may round up, never down
+    finally:
+        engine.unload()
+
+
+@pytest.mark.timeout(180)
+def test_max_tokens_sent_never_exceeds_room(rt: RuntimeEnv, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    sent: list[dict[str, Any]] = []
+    real_chat, real_stream = EngineClient.chat, EngineClient.stream_chat
+
+    def chat(self: EngineClient, payload: dict[str, Any]) -> Any:
+        sent.append(payload)
+        return real_chat(self, payload)
+
+    def stream_chat(self: EngineClient, payload: dict[str, Any]) -> Any:
+        sent.append(payload)
+        return real_stream(self, payload)
+
+    monkeypatch.setattr(EngineClient, "chat", chat)
+    monkeypatch.setattr(EngineClient, "stream_chat", stream_chat)
+    engine = Engine(EngineConfig(model_path=str(rt.model), n_ctx=512, timeout=120))
+    try:
+        n_ctx = engine.n_ctx
+        assert n_ctx == _server_n_ctx(engine)
+        # A prompt that leaves little room (8-24 tokens), so that generation runs into the cap quickly even on a
+        # loaded machine.
+        words = "one two three four five six seven eight nine ten".split()
+        n = 300
+        for _ in range(6):
+            msgs = [{"role": "user", "content": "Repeat these words: " + " ".join(words[i % 10] for i in range(n))}]
+            n_prompt = engine.count_prompt_tokens({"messages": msgs})
+            room = n_ctx - n_prompt
+            if 8 <= room <= 24:
+                break
+            n += room - 16
+        assert 8 <= room <= 24, (n_prompt, n_ctx)
+
+        for max_tokens in (10**6, None, room + 1):
+            payload: dict[str, Any] = {"messages": msgs, "temperature": 0}
+            if max_tokens is not None:
+                payload["max_tokens"] = max_tokens
+            result = engine.chat(payload)
+            assert sent[-1]["max_tokens"] <= room, (max_tokens, sent[-1]["max_tokens"], room)
+            assert result.usage is not None
+            assert result.usage.prompt_tokens + result.usage.completion_tokens <= n_ctx
+
+        events = list(engine.stream({"messages": msgs, "max_tokens": 10**6, "temperature": 0}))
+        assert sent[-1]["max_tokens"] <= room
+        usage = [e for e in events if isinstance(e, Usage)]
+        assert usage and usage[-1].prompt_tokens + usage[-1].completion_tokens <= n_ctx
+
+        # A small request is left as asked.
+        engine.chat({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5})
+        assert sent[-1]["max_tokens"] == 5
+    finally:
+        engine.unload()

@@ -1,0 +1,125 @@
+"""A server killed mid-stream, a hung server and a corrupted registry: typed errors, recovery, no hangs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from gguf_provider.client import TextDelta
+from gguf_provider.engine import Engine, EngineConfig
+from gguf_provider.errors import ServerCrashedError, ServerTimeoutError
+from gguf_provider.runtime import manager as mgr
+from gguf_provider.runtime import registry
+from tests.support.runtime import RuntimeEnv, pid_alive, rt, wait_until  # noqa: F401
+
+pytestmark = pytest.mark.slow
+
+CHAT = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4}
+LONG = {"messages": [{"role": "user", "content": "Write a very long story about a dragon."}], "max_tokens": 400}
+
+
+@pytest.mark.timeout(120)
+def test_kill9_mid_stream_raises_crashed_then_recovers(rt: RuntimeEnv) -> None:  # noqa: F811
+    engine = Engine(EngineConfig(model_path=str(rt.model), n_ctx=2048, timeout=60))
+    try:
+        pid = engine.info.pid
+        texts = 0
+        killed_at = 0.0
+        with pytest.raises(ServerCrashedError) as ei:
+            for ev in engine.stream(LONG):
+                if isinstance(ev, TextDelta):
+                    texts += 1
+                    if texts == 3:
+                        os.kill(pid, signal.SIGKILL)
+                        killed_at = time.monotonic()
+        took = time.monotonic() - killed_at
+        assert killed_at and took < 1.5, took
+        err = ei.value
+        assert f"pid {pid}" in str(err) and "next call starts a new one" in str(err)
+        assert err.log_tail and err.log_path is not None and err.log_path.is_file()
+
+        # The next call starts a fresh server (new pid) and answers.
+        assert engine.chat(CHAT).content
+        assert engine.info.pid != pid
+        assert [p.pid for p in rt.servers()] == [engine.info.pid]
+        assert list(rt.registry()) == [engine.info.key]
+    finally:
+        engine.unload()
+    wait_until(lambda: rt.servers() == [], 5)
+
+
+@pytest.mark.timeout(120)
+def test_hung_server_times_out_never_hangs(rt: RuntimeEnv) -> None:  # noqa: F811
+    engine = Engine(EngineConfig(model_path=str(rt.model), n_ctx=2048, timeout=3))
+    pid = engine.info.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        for call in (lambda: engine.chat(CHAT), lambda: list(engine.stream(CHAT))):
+            t0 = time.monotonic()
+            with pytest.raises(ServerTimeoutError, match="raise `timeout`"):
+                call()
+            took = time.monotonic() - t0
+            assert 2.5 < took < 6, took
+
+        # Another client asking for the same model gets a typed error rather than a second server that would
+        # orphan the first one.
+        t0 = time.monotonic()
+        with pytest.raises(ServerTimeoutError, match="does not answer.*gguf-provider stop"):
+            mgr.ServerManager().acquire(mgr.ServerSpec(model=rt.model, n_ctx=2048))
+        assert time.monotonic() - t0 < 10
+        assert [p.pid for p in rt.servers()] == [pid]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    # It recovers once the server runs again (a patient client: the requests that timed out are still queued there,
+    # and this machine may be loaded).
+    patient = engine.with_config(timeout=120)
+    try:
+        assert patient.chat(CHAT).content
+        assert patient.info.pid == pid
+    finally:
+        patient.unload()
+        engine.unload()
+    wait_until(lambda: not pid_alive(pid), 5)
+
+
+@pytest.mark.timeout(120)
+def test_corrupted_registry_is_recovered_on_next_use(rt: RuntimeEnv) -> None:  # noqa: F811
+    path = registry.registry_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\x00{not json at all\xff")
+    engine = Engine(EngineConfig(model_path=str(rt.model), n_ctx=2048))
+    try:
+        assert engine.chat(CHAT).content
+        data = json.loads(path.read_text())
+        assert list(data) == [engine.info.key]
+        assert oct(path.stat().st_mode & 0o777) == oct(0o600)
+        assert list(path.parent.glob("servers.corrupt-*")), "the garbage is kept aside for inspection"
+    finally:
+        engine.unload()
+    wait_until(lambda: rt.servers() == [], 5)
+    assert rt.registry() == {}
+
+
+@pytest.mark.timeout(120)
+def test_corrupted_registry_does_not_orphan_a_running_server(rt: RuntimeEnv) -> None:  # noqa: F811
+    c = rt.child(chat=False)
+    r = c.read_json()
+    assert "error" not in r, r
+    registry.registry_path().write_text("garbage")
+    time.sleep(1.5)  # the watchdog sees its entry gone (it may not have looked at it even once before)
+    engine = Engine(EngineConfig(model_path=str(rt.model), n_ctx=2048))
+    try:
+        assert engine.chat(CHAT).content
+        assert engine.info.pid != r["server_pid"], "the registry lost the old server: a new one is started"
+        assert pid_alive(r["server_pid"]), "the old server still has its client"
+        c.finish()
+        # Its watchdog still knows it: once its last client is gone, it stops it.
+        wait_until(lambda: not pid_alive(r["server_pid"]), 6)
+        assert list(rt.registry()) == [engine.info.key]
+    finally:
+        engine.unload()
+    wait_until(lambda: rt.servers() == [], 5)

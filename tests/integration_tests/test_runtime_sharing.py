@@ -1,0 +1,56 @@
+"""Several client processes share one llama-server, and nothing is left once they are gone (real llama-server)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.runtime import RuntimeEnv, pid_alive, rt, wait_until  # noqa: F401
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.timeout(120)
+def test_two_processes_share_one_server_and_leave_nothing(rt: RuntimeEnv) -> None:  # noqa: F811
+    a, b = rt.child(), rt.child()
+    ra, rb = a.read_json(), b.read_json()
+    assert "error" not in ra and "error" not in rb, (ra, rb)
+    assert ra["server_pid"] == rb["server_pid"]
+    assert ra["answer"].strip() and rb["answer"].strip()
+    assert len(rt.servers(ra["alias"])) == 1
+    entry = rt.registry()[ra["key"]]
+    assert set(entry["leases"]) == {str(ra["client_pid"]), str(rb["client_pid"])}
+
+    assert a.finish() == 0
+    assert pid_alive(ra["server_pid"]), "the server must outlive its first client while the second holds it"
+    assert set(rt.registry()[ra["key"]]["leases"]) == {str(rb["client_pid"])}
+    assert b.finish() == 0
+
+    # keep_alive=0: the server, its registry entry, its socket and its watchdog are all gone within seconds.
+    wait_until(lambda: not pid_alive(ra["server_pid"]), 5)
+    wait_until(lambda: not rt.watchdogs(), 5)
+    assert rt.registry() == {}
+    assert not list(rt.run_dir.glob("*.sock"))
+    assert rt.servers() == []
+
+
+@pytest.mark.timeout(180)
+def test_eight_racing_processes_start_exactly_one_server(rt: RuntimeEnv) -> None:  # noqa: F811
+    children = [rt.child(chat=False, wait_go=True) for _ in range(8)]
+    for c in children:
+        assert "ready" in c.read_json(timeout=60)
+    for c in children:  # all imports done: release them at once
+        c.send("go")
+    results = [c.read_json(timeout=120) for c in children]
+    assert all("error" not in r for r in results), results
+    assert len({r["server_pid"] for r in results}) == 1
+    assert len({r["key"] for r in results}) == 1
+    alias = results[0]["alias"]
+    assert [p.pid for p in rt.servers(alias)] == [results[0]["server_pid"]]
+    assert len(rt.servers()) == 1
+    entry = rt.registry()[results[0]["key"]]
+    assert set(entry["leases"]) == {str(r["client_pid"]) for r in results}
+
+    for c in children:
+        assert c.finish() == 0
+    wait_until(lambda: not pid_alive(results[0]["server_pid"]), 5)
+    assert rt.registry() == {}
