@@ -9,16 +9,9 @@ from llama_index.core.bridge.pydantic import Field, PrivateAttr, SecretStr
 
 from ..engine import DEFAULT_TIMEOUT, Engine, EngineConfig
 
-_UBATCH_FLAGS = ("-ub", "--ubatch-size")
-DEFAULT_EMBED_BATCH = 2048
-
 
 class GGUFEmbedding(BaseEmbedding):
     """Embed texts with a local GGUF model. LlamaIndex batches ``embed_batch_size`` texts per request.
-
-    A pooled embedding must fit in one physical batch of the server, so unless ``server_args`` sets
-    ``--ubatch-size`` the server is started with batch and ubatch of ``n_ctx`` (or 2048) tokens: an input up to
-    that long embeds instead of failing with "input is too large to process".
 
     Example:
         .. code-block:: python
@@ -64,16 +57,12 @@ class GGUFEmbedding(BaseEmbedding):
         return "GGUFEmbedding"
 
     def engine_config(self) -> EngineConfig:
-        args = list(self.server_args)
-        if not any(a in _UBATCH_FLAGS or a.startswith("--ubatch-size=") for a in args):
-            n = str(self.n_ctx or DEFAULT_EMBED_BATCH)
-            args += ["--batch-size", n, "--ubatch-size", n]
         return EngineConfig(
             model=self.model, repo=self.repo, quant=self.quant, filename=self.filename, revision=self.revision,
             token=self.token.get_secret_value() if self.token else None, model_path=self.model_path,
             base_url=self.base_url, api_key=self.api_key.get_secret_value() if self.api_key else None,
             embedding=True, pooling=self.pooling, n_ctx=self.n_ctx, n_gpu_layers=self.n_gpu_layers,
-            server_args=tuple(args), keep_alive=self.keep_alive, shared=self.shared,
+            server_args=tuple(self.server_args), keep_alive=self.keep_alive, shared=self.shared,
             llama_server=self.llama_server, timeout=self.timeout or DEFAULT_TIMEOUT)
 
     @property

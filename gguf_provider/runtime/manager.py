@@ -31,6 +31,7 @@ from .process import Address, ProgressFn
 DEFAULT_KEEP_ALIVE = 300.0
 """Seconds a shared server outlives its last client; ``$GGUF_PROVIDER_KEEP_ALIVE`` overrides it."""
 DEFAULT_START_TIMEOUT = 600.0
+EMBED_UBATCH_MAX = 8192
 _TRUNCATED = "data is not within the file bounds"  # llama-server's words for a model file cut short
 
 
@@ -135,6 +136,11 @@ def build_argv(spec: ServerSpec, binary: Path, caps: discovery.ServerCapabilitie
             argv.append("--kv-unified")
     if spec.embedding:
         argv += ["--embedding", "--pooling", spec.pooling or "mean"]
+        if not any(a in ("-ub", "--ubatch-size") or a.startswith("--ubatch-size=") for a in spec.server_args):
+            # A pooled embedding must fit one physical batch: with the default (512) longer inputs fail with
+            # "input is too large to process".
+            n = str(min(n_ctx, EMBED_UBATCH_MAX))
+            argv += ["--batch-size", n, "--ubatch-size", n]
     if spec.chat_template:
         argv += ["--chat-template", spec.chat_template]
     if spec.chat_template_file:

@@ -124,7 +124,7 @@ def spawn(argv: list[str], log_path: Path, *, private: bool) -> subprocess.Popen
     private ones are tied to our lifetime (see :class:`_Spawner`).
     """
     global _spawner
-    log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
+    log = open(log_path, "ab")
 
     def start() -> subprocess.Popen[bytes]:
         linux_private = private and sys.platform.startswith("linux")

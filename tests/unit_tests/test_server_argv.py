@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from gguf_provider.runtime.discovery import ServerCapabilities
 from gguf_provider.runtime.manager import ServerSpec, build_argv
 from gguf_provider.runtime.process import Address, clean_env
@@ -42,13 +44,17 @@ def test_flags_the_binary_lacks_are_not_passed() -> None:
     assert not {"--jinja", "--no-webui", "--offline"} & set(argv)
 
 
-def test_llama_arg_environment_is_scrubbed(monkeypatch: object) -> None:
-    import os
-
-    os.environ["LLAMA_ARG_CTX_SIZE"] = "128"
-    os.environ["LLAMA_API_KEY"] = "leak"
-    try:
-        env = clean_env()
-    finally:
-        del os.environ["LLAMA_ARG_CTX_SIZE"], os.environ["LLAMA_API_KEY"]
+def test_llama_arg_environment_is_scrubbed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLAMA_ARG_CTX_SIZE", "128")
+    monkeypatch.setenv("LLAMA_API_KEY", "leak")
+    env = clean_env()
     assert "LLAMA_ARG_CTX_SIZE" not in env and "LLAMA_API_KEY" not in env and "PATH" in env
+
+
+def test_embedding_server_batches_a_whole_context() -> None:
+    argv = build_argv(ServerSpec(model=Path("/m.gguf"), embedding=True), Path("/b"), CAPS, "a", 4096,
+                      Address(socket="/s"), None)
+    assert argv[argv.index("--ubatch-size") + 1] == "4096" == argv[argv.index("--batch-size") + 1]
+    mine = ServerSpec(model=Path("/m.gguf"), embedding=True, server_args=("-ub", "256"))
+    argv = build_argv(mine, Path("/b"), CAPS, "a", 4096, Address(socket="/s"), None)
+    assert "--ubatch-size" not in argv and argv[-2:] == ["-ub", "256"]
