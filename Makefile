@@ -36,6 +36,16 @@ test: setup-test
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest
 
+$(VENV)/.stamp-bench: pyproject.toml | $(VPY)
+	$(VPY) -m pip install -q -e ".[all,test,bench]"
+	touch $@
+
+# Benchmarks (not part of `make test`): writes docs/benchmarks.md, docs/benchmarks.png and bench/results.json.
+bench: $(VENV)/.stamp-bench
+	$(CLI) server install
+	$(VPY) tests/support/test_models.py smollm2 qwen
+	$(VPY) bench/run.py
+
 lint: $(VENV)/.stamp-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
