@@ -53,10 +53,12 @@ def forced_schema(tools: list[dict[str, Any]], names: list[str] | None = None) -
     return {"type": "json_schema", "json_schema": {"name": "tool_call", "strict": True, "schema": schema}}
 
 
-_TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
-_FUNCTION = re.compile(r"<function=([\w.\-]+)>\s*(.*?)\s*(?:</function>|$)", re.S)
-_PARAMETER = re.compile(r"<parameter=([\w.\-]+)>\s*(.*?)\s*</parameter>", re.S)
-_FENCE = re.compile(r"^```(?:json|tool_call|tool_code)?\s*\n?(.*?)\n?```$", re.S)
+# Linear-time patterns: no ``\s*`` next to a lazy group (quadratic backtracking on long whitespace runs) and a
+# parameter body never crosses the next ``<parameter=`` (quadratic on many unclosed tags); bodies are stripped after.
+_TAGGED = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
+_FUNCTION = re.compile(r"<function=([\w.\-]+)>(.*?)(?:</function>|$)", re.S)
+_PARAMETER = re.compile(r"<parameter=([\w.\-]+)>((?:(?!<parameter=).)*?)</parameter>", re.S)
+_FENCE = re.compile(r"^```(?:json|tool_call|tool_code)?(.*?)```$", re.S)
 _PREFIXES = ("{", "[", "```", "<tool_call>", "<function=")
 
 
@@ -76,14 +78,15 @@ def heal_tool_calls(text: str, tool_names: set[str]) -> list[ToolCall] | None:
     calls: list[ToolCall] = []
     if s.startswith("<tool_call>"):
         for body in _TAGGED.findall(s):
-            calls += _from_json_text(body, tool_names) or []
+            calls += _from_json_text(body.strip(), tool_names) or []
     elif s.startswith("<function="):
         for name, body in _FUNCTION.findall(s):
             if name not in tool_names:
                 return None
+            body = body.strip()
             params = _PARAMETER.findall(body)
             if params:
-                args: Any = {k: _scalar(v) for k, v in params}
+                args: Any = {k: _scalar(v.strip()) for k, v in params}
             else:
                 args = _loads(body) if body else {}
             if not isinstance(args, dict):
@@ -106,7 +109,7 @@ def _from_json_text(text: str, tool_names: set[str]) -> list[ToolCall] | None:
             item = item["function"]
         name = item.get("name")
         args = item.get("arguments", item.get("parameters", {}))
-        if name not in tool_names:
+        if not isinstance(name, str) or name not in tool_names:  # a list or dict name is unhashable
             return None
         if isinstance(args, str):
             parsed = _loads(args)
@@ -120,7 +123,7 @@ def _from_json_text(text: str, tool_names: set[str]) -> list[ToolCall] | None:
 def _loads(text: str) -> Any:
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
         return None
 
 
