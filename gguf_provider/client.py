@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import reprlib
 import weakref
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -83,10 +84,10 @@ class ChatResult:
 
 def error_from_body(status: int | None, body: Any) -> APIError:
     """Map a llama-server error object (HTTP body or in-stream event) to a typed exception."""
-    err = body.get("error", body) if isinstance(body, dict) else {"message": str(body)}
+    err = body.get("error", body) if isinstance(body, dict) else {"message": _text(body)}
     if not isinstance(err, dict):
-        err = {"message": str(err)}
-    message = str(err.get("message") or err)
+        err = {"message": _text(err)}
+    message = _text(err.get("message") or err)
     etype = err.get("type")
     if etype == "exceed_context_size_error" or "exceeds the available context size" in message:
         n_prompt, n_ctx = _int_or_none(err.get("n_prompt_tokens")), _int_or_none(err.get("n_ctx"))
@@ -100,8 +101,12 @@ def error_from_body(status: int | None, body: Any) -> APIError:
 def _int_or_none(value: Any) -> int | None:
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else _short(value)  # bounded even for deeply nested bodies
 
 
 def _raise_for_status(r: httpx.Response, body: bytes) -> None:
@@ -139,42 +144,71 @@ class StreamParser:
         return self.feed(_loads(payload))
 
     def feed(self, chunk: Any) -> list[Event]:
+        """Events of one chunk. A chunk of the wrong shape raises :class:`APIError`, never a TypeError."""
         if not isinstance(chunk, dict):
-            raise APIError(f"unexpected stream payload: {str(chunk)[:200]}")
+            raise APIError(f"unexpected stream payload: {_short(chunk)}")
         if "error" in chunk:
             raise error_from_body(None, chunk)
+        try:
+            return self._events(chunk)
+        except (AttributeError, TypeError, ValueError, OverflowError) as exc:
+            raise APIError(f"malformed stream chunk from llama-server ({exc}): {_short(chunk)}") from exc
+
+    def _events(self, chunk: dict[str, Any]) -> list[Event]:
         events: list[Event] = []
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
-            text = delta.get("reasoning_content")
+            text = _opt_str(delta.get("reasoning_content"))
             if text:
                 events.append(ReasoningDelta(text))
-            text = delta.get("content")
+            text = _opt_str(delta.get("content"))
             if text:
                 events.append(TextDelta(text))
             for tc in delta.get("tool_calls") or ():
-                idx = int(tc.get("index", 0))
+                idx = tc.get("index", 0)
+                if not isinstance(idx, int) or isinstance(idx, bool) or not 0 <= idx < 1 << 16:
+                    raise ValueError(f"tool call index {idx!r}")
                 fn = tc.get("function") or {}
+                call_id, name, args = _opt_str(tc.get("id")), _opt_str(fn.get("name")), _opt_str(fn.get("arguments"))
                 first = idx not in self._seen_tools
                 if first:
                     self._seen_tools.add(idx)
-                events.append(ToolCallDelta(idx, tc.get("id") if first else None, fn.get("name") if first else None,
-                                            fn.get("arguments") or ""))
-            if choice.get("finish_reason"):
-                events.append(Finish(choice["finish_reason"], chunk.get("model")))
+                events.append(ToolCallDelta(idx, call_id if first else None, name if first else None, args or ""))
+            reason = _opt_str(choice.get("finish_reason"))
+            if reason:
+                model = chunk.get("model")
+                events.append(Finish(reason, model if isinstance(model, str) else None))
         usage = chunk.get("usage")
         if usage:
             events.append(_usage(usage))
         timings = chunk.get("timings")
         if timings:
-            events.append(Timings(timings))
+            if not isinstance(timings, dict):
+                raise TypeError(f"timings is a {type(timings).__name__}")
+            events.append(Timings({k: v for k, v in timings.items()  # numbers only: adapters call float() on them
+                                   if isinstance(v, (int, float)) and not isinstance(v, bool)}))
         return events
+
+
+def _opt_str(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise TypeError(f"expected a string, got {type(value).__name__}")
+
+
+_repr = reprlib.Repr()
+_repr.maxstring = _repr.maxother = 200
+
+
+def _short(value: Any) -> str:
+    """A bounded repr (depth and length) of a payload for error messages."""
+    return _repr.repr(value)
 
 
 def _loads(text: str) -> Any:
     try:
         return json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
         raise APIError(f"malformed stream payload from llama-server: {text[:200]!r}") from exc
 
 
