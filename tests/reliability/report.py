@@ -56,12 +56,18 @@ def fuzz_table(r: dict[str, Any]) -> list[str]:
 def soak_table(r: dict[str, Any]) -> list[str]:
     lines = [f"Soak, {r['generated']} ({r['wall_s']} s, model {r['model']}, n_parallel {r['n_parallel']}, "
              f"max_tokens {r['max_tokens']}):", "",
-             "| phase | requests | answered | cancelled | failed |", "|---|---:|---:|---:|---:|"]
+             "| phase | requests | answered with content | cancelled | failed | wall | all slots idle after |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for name, ph in r["phases"].items():
-        lines.append(f"| {name} | {ph['requests']} | {ph['answered']} | {ph['cancelled']} | {ph['failed']} |")
-    lines += ["", "| resource | baseline | after | tolerance | leaked |", "|---|---:|---:|---:|---:|"]
+        lines.append(f"| {name} | {ph['requests']} | {ph['answered']} | {ph['cancelled']} | {ph['failed']} "
+                     f"| {ph['wall_s']} s | {ph['slots_idle_after_s']} s |")
+    lines += ["", "| resource (before -> after the phase, after settling) | before | after | tolerance | leaked |",
+              "|---|---:|---:|---:|---:|"]
     for name, res in r["resources"].items():
         lines.append(f"| {name} | {res['before']} | {res['after']} | {res['tolerance']} | {res['leaked']} |")
+    rss = r.get("rss_mib")
+    if rss:
+        lines += ["", "Server RSS (MiB): " + ", ".join(f"{k} {v}" for k, v in rss.items()) + "."]
     return lines
 
 

@@ -267,10 +267,11 @@ def test_fuzz_parser_mutated_real_lines(line: str) -> None:
 @FUZZ
 @given(st.sampled_from([SMOLLM2_STREAM, TOOL_CALL_STREAM]), st.data())
 def test_fuzz_parser_cut_streams(stream: list[str], data: st.DataObject) -> None:
-    """A real stream cut after any line and inside that line, with a mutated line somewhere."""
+    """A real stream cut after any line, sometimes with one line truncated or mutated."""
     k = data.draw(st.integers(0, len(stream)), label="lines")
     lines = list(stream[:k])
-    if lines and data.draw(st.booleans(), label="mutate"):
+    mutate: bool = data.draw(st.booleans(), label="mutate")
+    if lines and mutate:
         i = data.draw(st.integers(0, len(lines) - 1), label="which")
         lines[i] = data.draw(mutated(lines[i]), label="line")
     call("sse: cut/mutated real streams", feed_lines, lines, allowed=(APIError,))
@@ -368,7 +369,7 @@ def test_fuzz_healer_mutated_calls(fmt: str, calls: list[tuple[str, dict[str, An
     text = data.draw(mutated(render(fmt, calls)), label="text")
     check_calls(call("tools.heal_tool_calls: truncated/mutated calls", heal_tool_calls, text, NAMES), NAMES)
     forced = call("tools.parse_forced: truncated/mutated calls", parse_forced, text)
-    assert forced is None or isinstance(json.loads(forced.arguments), dict)
+    assert forced is None or (isinstance(forced, ToolCall) and isinstance(json.loads(forced.arguments), dict))
 
 
 @pytest.mark.parametrize("text", [
