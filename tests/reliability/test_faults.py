@@ -123,3 +123,36 @@ def test_corrupted_registry_does_not_orphan_a_running_server(rt: RuntimeEnv) -> 
     finally:
         engine.unload()
     wait_until(lambda: rt.servers() == [], 5)
+
+
+@pytest.mark.timeout(120)
+def test_registry_locked_by_a_dead_process_is_recovered(rt: RuntimeEnv) -> None:  # noqa: F811
+    """A client killed while holding the registry lock: the kernel drops its flock, the next user goes on."""
+    import subprocess
+    import sys
+
+    import filelock
+
+    rt.home.mkdir(parents=True, exist_ok=True)
+    code = ("import filelock, sys, time; from gguf_provider.runtime import registry; "
+            "lock = filelock.FileLock(str(registry._lock_path())); lock.acquire(); "
+            "print('locked', flush=True); time.sleep(600)")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        with pytest.raises(filelock.Timeout):  # really held while the holder lives
+            with registry.locked(timeout=0.5):
+                pass
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait(10)
+        t0 = time.monotonic()
+        engine = Engine(EngineConfig(model_path=str(rt.model), n_ctx=1024, timeout=60))
+        try:
+            assert engine.chat(CHAT).finish_reason in ("stop", "length")
+            assert str(engine.info.key) in registry.read()
+        finally:
+            engine.unload()
+        print(f"recovered {time.monotonic() - t0:.2f} s after the lock holder died")
+    finally:
+        if holder.poll() is None:
+            holder.kill()
