@@ -7,7 +7,8 @@ into their framework's types.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,11 +144,13 @@ def stream(engine: Engine, request: ChatRequest) -> Iterator[Event]:
         yield from proc.feed(ev)
 
 
-async def astream(engine: Engine, request: ChatRequest) -> AsyncIterator[Event]:
+async def astream(engine: Engine, request: ChatRequest) -> AsyncGenerator[Event, None]:
     proc = EventProcessor(request)
-    async for ev in engine.astream(request.payload()):
-        for out in proc.feed(ev):
-            yield out
+    # aclosing: closing this generator (a consumer that stops early) closes the request at once, not at GC.
+    async with aclosing(engine.astream(request.payload())) as events:
+        async for ev in events:
+            for out in proc.feed(ev):
+                yield out
 
 
 @dataclass

@@ -9,7 +9,7 @@ import asyncio
 import json
 import reprlib
 import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -308,7 +308,7 @@ class EngineClient:
                     return
                 yield from events
 
-    async def astream_chat(self, payload: dict[str, Any]) -> AsyncIterator[Event]:
+    async def astream_chat(self, payload: dict[str, Any]) -> AsyncGenerator[Event, None]:
         body = {**payload, "stream": True, "stream_options": {"include_usage": True}}
         parser = StreamParser()
         with _timeouts():

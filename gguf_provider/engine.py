@@ -11,7 +11,8 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
+from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -232,11 +233,12 @@ class Engine:
         except httpx.TransportError as exc:
             raise self._failure(exc) from exc
 
-    async def astream(self, payload: dict[str, Any]) -> AsyncIterator[Event]:
+    async def astream(self, payload: dict[str, Any]) -> AsyncGenerator[Event, None]:
         payload = await self.aprepare(payload)
         try:
-            async for ev in self.client.astream_chat(payload):
-                yield ev
+            async with aclosing(self.client.astream_chat(payload)) as events:
+                async for ev in events:
+                    yield ev
         except httpx.TransportError as exc:
             raise self._failure(exc) from exc
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import aclosing
 from operator import itemgetter
 from typing import Any, Literal
 
@@ -247,12 +248,13 @@ class ChatGGUF(BaseChatModel):
         request = self._request(messages, stop, **kwargs)
         state = _StreamState()
         try:
-            async for ev in chat.astream(self.engine, request):
-                chunk = state.chunk(ev)
-                if chunk is not None:
-                    if run_manager and isinstance(ev, TextDelta):
-                        await run_manager.on_llm_new_token(ev.text, chunk=chunk)
-                    yield chunk
+            async with aclosing(chat.astream(self.engine, request)) as events:
+                async for ev in events:
+                    chunk = state.chunk(ev)
+                    if chunk is not None:
+                        if run_manager and isinstance(ev, TextDelta):
+                            await run_manager.on_llm_new_token(ev.text, chunk=chunk)
+                        yield chunk
         except ContextOverflowError as exc:
             raise _lc_overflow(exc) from exc
         yield state.last(self.model_name)

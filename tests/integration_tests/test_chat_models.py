@@ -1,0 +1,356 @@
+"""ChatGGUF behaviours beyond the standard suite, against real llama-servers.
+
+Qwen2.5-Coder-0.5B (template with tools) for tools and structured output; SmolLM2-135M where speed matters
+(metadata, cancellation, concurrency, context overflow, reasoning with a ``<think>`` template).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.exceptions import ContextOverflowError
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+from langchain_core.tools import tool
+from pydantic import BaseModel, Field
+
+from gguf_provider import chat as chat_layer
+from gguf_provider.langchain import ChatGGUF
+from gguf_provider.runtime.manager import props_n_ctx
+
+pytestmark = pytest.mark.slow
+
+QWEN_CTX = 3072  # the same spec as test_chat_models_standard.py
+SMOL_CTX = 1536  # a spec of this module's own: /slots below must see only this module's requests
+
+
+@pytest.fixture(scope="module")
+def qwen(qwen_path: Path) -> Iterator[ChatGGUF]:
+    llm = ChatGGUF(model=str(qwen_path), n_ctx=QWEN_CTX, temperature=0, max_tokens=80).load()
+    yield llm
+    llm.unload()
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_path: Path) -> Iterator[ChatGGUF]:
+    llm = ChatGGUF(model=str(smollm2_path), n_ctx=SMOL_CTX, temperature=0, max_tokens=40).load()
+    yield llm
+    llm.unload()
+
+
+@tool
+def get_weather(city: str) -> str:
+    """Get the current weather in a city."""
+    return f"It is sunny and 21 degrees Celsius in {city}."
+
+
+@tool
+def magic_function(input: int) -> int:
+    """Apply a magic function to an input."""
+    return input + 2
+
+
+def _collect(chunks: list[AIMessageChunk]) -> AIMessageChunk:
+    full = chunks[0]
+    for c in chunks[1:]:
+        full = full + c
+    return full
+
+
+# --- metadata ---------------------------------------------------------------------------------------------------
+
+
+def test_stream_metadata_on_exactly_one_chunk(smol: ChatGGUF) -> None:
+    chunks = list(smol.stream("Count from one to five."))
+    with_usage = [c for c in chunks if c.usage_metadata]
+    with_model = [c for c in chunks if c.response_metadata.get("model_name")]
+    with_finish = [c for c in chunks if c.response_metadata.get("finish_reason")]
+    assert len(with_usage) == len(with_model) == len(with_finish) == 1
+    last = chunks[-1]
+    assert last is with_usage[0] is with_model[0]
+    assert last.chunk_position == "last"
+    assert all(c.chunk_position is None for c in chunks[:-1])
+    full = _collect(chunks)
+    usage = full.usage_metadata
+    assert usage is not None
+    assert usage["input_tokens"] > 0 and usage["output_tokens"] > 0
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+    assert isinstance(usage.get("input_token_details", {}).get("cache_read"), int)
+    meta = full.response_metadata
+    assert meta["model_name"] == "SmolLM2-135M-Instruct.Q4_1.gguf"  # not concatenated across chunks
+    assert meta["finish_reason"] in ("stop", "length")
+    assert meta["timings"]["predicted_n"] == usage["output_tokens"]
+    assert meta["tokens_per_second"] > 0
+    assert full.content
+
+
+def test_invoke_metadata_and_cache_read(smol: ChatGGUF) -> None:
+    prompt = "Repeat after me: " + "the quick brown fox jumps over the lazy dog. " * 20
+    first = smol.invoke(prompt)
+    second = smol.invoke(prompt)
+    for msg in (first, second):
+        assert msg.usage_metadata is not None
+        assert msg.response_metadata["model_name"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
+        assert msg.response_metadata["finish_reason"] in ("stop", "length")
+        assert msg.response_metadata["tokens_per_second"] > 0
+    assert second.usage_metadata is not None
+    assert second.usage_metadata["input_token_details"]["cache_read"] > 0  # type: ignore[typeddict-item]
+    assert second.usage_metadata["input_tokens"] == first.usage_metadata["input_tokens"]  # type: ignore[index]
+
+
+def test_exact_token_counts(smol: ChatGGUF) -> None:
+    assert smol.get_num_tokens("hello world") == len(smol.get_token_ids("hello world")) == 2
+    messages: list[BaseMessage] = [SystemMessage("You are terse."), HumanMessage("Name a colour.")]
+    counted = smol.get_num_tokens_from_messages(messages)
+    usage = smol.invoke(messages, max_tokens=3).usage_metadata
+    assert usage is not None and counted == usage["input_tokens"]
+
+
+def test_profile_matches_server_context(smol: ChatGGUF, qwen: ChatGGUF) -> None:
+    for llm, n_ctx in ((smol, SMOL_CTX), (qwen, QWEN_CTX)):
+        props = llm.engine.client.get_json("/props")
+        assert llm.profile is not None
+        assert llm.profile["max_input_tokens"] == props_n_ctx(props) == n_ctx
+    assert qwen.profile is not None and qwen.profile["tool_calling"] is True
+
+
+def test_ls_params_honour_per_call_model(smol: ChatGGUF) -> None:
+    assert smol._get_ls_params(model="other-model")["ls_model_name"] == "other-model"
+    seen: list[Any] = []
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    class Spy(BaseCallbackHandler):
+        def on_chat_model_start(self, serialized: Any, messages: Any, **kwargs: Any) -> None:
+            seen.append(kwargs.get("metadata", {}).get("ls_model_name"))
+
+    smol.invoke("hi", model="other-model", max_tokens=2, config={"callbacks": [Spy()]})
+    assert seen == ["other-model"]
+
+
+# --- context overflow -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_ctx(smollm2_path: Path) -> Iterator[ChatGGUF]:
+    llm = ChatGGUF(model=str(smollm2_path), n_ctx=512, temperature=0, max_tokens=20).load()
+    yield llm
+    llm.unload()
+
+
+async def test_context_overflow(tiny_ctx: ChatGGUF) -> None:
+    long = "word " * 2000
+    with pytest.raises(ContextOverflowError, match="context"):
+        tiny_ctx.invoke(long)
+    with pytest.raises(ContextOverflowError):
+        list(tiny_ctx.stream(long))
+    with pytest.raises(ContextOverflowError):
+        await tiny_ctx.ainvoke(long)
+    # A prompt that fits still works, and max_tokens is capped to the room left.
+    msg = tiny_ctx.invoke("word " * 400, max_tokens=400)
+    assert msg.usage_metadata is not None and msg.usage_metadata["total_tokens"] <= 512
+
+
+# --- cancellation and concurrency -------------------------------------------------------------------------------
+
+
+def _busy_slots(llm: ChatGGUF) -> int:
+    return sum(1 for s in llm.engine.client.get_json("/slots") if s.get("is_processing"))
+
+
+def _wait_idle(llm: ChatGGUF, within: float) -> float:
+    t0 = time.monotonic()
+    while _busy_slots(llm):
+        assert time.monotonic() - t0 < within, "a slot kept generating after the client left"
+        time.sleep(0.02)
+    return time.monotonic() - t0
+
+
+def test_break_out_of_stream_frees_slot(smol: ChatGGUF) -> None:
+    prompt = "Write a very long story about a lighthouse keeper, in many chapters."
+    for n, _chunk in enumerate(smol.stream(prompt, max_tokens=1000, ignore_eos=True)):
+        if n == 0:
+            assert _busy_slots(smol) == 1  # it is generating
+        if n >= 5:
+            break
+    _wait_idle(smol, within=1.0)
+
+
+async def test_break_out_of_astream_frees_slot(smol: ChatGGUF) -> None:
+    from contextlib import aclosing
+
+    prompt = "Write a very long story about a lighthouse keeper, in many chapters."
+    async with aclosing(smol.astream(prompt, max_tokens=1000, ignore_eos=True)) as stream:
+        n = 0
+        async for _ in stream:
+            n += 1
+            if n >= 5:
+                break
+    # LangChain's astream does not close our _astream itself; the event loop finalizes it, so wait on the loop.
+    t0 = time.monotonic()
+    while await asyncio.to_thread(_busy_slots, smol):
+        assert time.monotonic() - t0 < 1.0, "a slot kept generating after the client left"
+        await asyncio.sleep(0.02)
+
+
+async def test_four_concurrent_ainvoke(smol: ChatGGUF) -> None:
+    questions = ["Name a fruit.", "Name a colour.", "Name an animal.", "Name a country."]
+    busy: list[int] = []
+
+    async def watch() -> None:
+        while True:
+            busy.append(await asyncio.to_thread(_busy_slots, smol))
+            await asyncio.sleep(0.05)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        results = await asyncio.gather(*(smol.ainvoke(q, max_tokens=30, ignore_eos=True) for q in questions))
+    finally:
+        watcher.cancel()
+    assert all(isinstance(r, AIMessage) and r.content for r in results)
+    assert all(r.usage_metadata and r.usage_metadata["output_tokens"] == 30 for r in results)
+    assert max(busy, default=0) >= 2  # served side by side, not one after another
+
+
+# --- reasoning --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def thinker(smollm2_path: Path, llama_src: Path) -> Iterator[ChatGGUF]:
+    """SmolLM2 (ChatML) with Qwen3.5's template: its generation prompt opens ``<think>``."""
+    template = llama_src / "models" / "templates" / "Qwen3.5-4B.jinja"
+    llm = ChatGGUF(model=str(smollm2_path), n_ctx=1024, chat_template_file=str(template), temperature=0,
+                   max_tokens=30).load()
+    yield llm
+    llm.unload()
+
+
+def test_reasoning_content(thinker: ChatGGUF) -> None:
+    msg = thinker.invoke("What is 2 + 2?")
+    assert msg.additional_kwargs.get("reasoning_content")
+    assert any(b["type"] == "reasoning" for b in msg.content_blocks)
+    full = _collect(list(thinker.stream("What is 2 + 2?")))
+    assert full.additional_kwargs.get("reasoning_content") == msg.additional_kwargs["reasoning_content"]
+
+
+def test_reasoning_false_turns_thinking_off(thinker: ChatGGUF) -> None:
+    msg = thinker.invoke("What is 2 + 2?", reasoning=False)
+    assert "reasoning_content" not in msg.additional_kwargs
+    assert msg.content
+    off = thinker.model_copy(update={"reasoning": False})
+    assert "reasoning_content" not in off.invoke("What is 2 + 2?").additional_kwargs
+
+
+# --- tools ------------------------------------------------------------------------------------------------------
+
+
+def test_tool_choice_none(qwen: ChatGGUF) -> None:
+    msg = qwen.bind_tools([get_weather], tool_choice="none").invoke("What's the weather in Paris?")
+    assert not msg.tool_calls and msg.content
+
+
+@pytest.mark.parametrize("choice", ["any", "required", True])
+def test_tool_choice_forced(qwen: ChatGGUF, choice: Any) -> None:
+    msg = qwen.bind_tools([get_weather, magic_function], tool_choice=choice).invoke("Hello!")
+    assert len(msg.tool_calls) == 1
+    assert msg.tool_calls[0]["name"] in ("get_weather", "magic_function")
+    assert msg.response_metadata["finish_reason"] == "tool_calls"
+
+
+@pytest.mark.parametrize("choice", ["magic_function", {"type": "function", "function": {"name": "magic_function"}}])
+def test_named_tool_choice_calls_exactly_that_tool(qwen: ChatGGUF, choice: Any) -> None:
+    # The question is about the weather: only enforcement makes the model call magic_function.
+    msg = qwen.bind_tools([get_weather, magic_function], tool_choice=choice).invoke("What's the weather in Paris?")
+    assert [tc["name"] for tc in msg.tool_calls] == ["magic_function"]
+    assert isinstance(msg.tool_calls[0]["args"].get("input"), int)
+    chunks = list(qwen.bind_tools([get_weather, magic_function], tool_choice=choice).stream("Weather in Oslo?"))
+    full = _collect(chunks)
+    assert [tc["name"] for tc in full.tool_calls] == ["magic_function"]  # not "magic_functionmagic_function"
+
+
+def test_tool_choice_auto_heals_text_calls(qwen: ChatGGUF, monkeypatch: pytest.MonkeyPatch) -> None:
+    healed: list[str] = []
+    real = chat_layer.heal_tool_calls
+
+    def spy(text: str, names: set[str]) -> Any:
+        result = real(text, names)
+        if result:
+            healed.append(text)
+        return result
+
+    monkeypatch.setattr(chat_layer, "heal_tool_calls", spy)
+    msg = qwen.bind_tools([get_weather], tool_choice="auto").invoke("What's the weather like in Paris right now?")
+    assert [(tc["name"], tc["args"]) for tc in msg.tool_calls] == [("get_weather", {"city": "Paris"})]
+    assert msg.content == ""
+    assert healed, "the 0.5B model wrote this call as text; healing turned it into a tool call"
+    raw = qwen.model_copy(update={"auto_heal_tool_calls": False})
+    unhealed = raw.bind_tools([get_weather], tool_choice="auto").invoke("What's the weather like in Paris right now?")
+    assert not unhealed.tool_calls and "get_weather" in str(unhealed.content)
+
+
+def run_agent(llm: ChatGGUF, question: str, tools: list[Any], max_steps: int = 4) -> list[BaseMessage]:
+    """A plain tool loop (what LangGraph's ReAct agent does), with the nudge a 0.5B model needs after tool
+    results: without it the tiny model repeats its call instead of answering."""
+    by_name = {t.name: t for t in tools}
+    bound = llm.bind_tools(tools, tool_choice="auto")
+    messages: list[BaseMessage] = [HumanMessage(question)]
+    for _ in range(max_steps):
+        ai = bound.invoke(messages)
+        messages.append(ai)
+        if not ai.tool_calls:
+            return messages
+        for tc in ai.tool_calls:
+            messages.append(ToolMessage(str(by_name[tc["name"]].invoke(tc["args"])), tool_call_id=tc["id"]))
+        messages.append(HumanMessage("Answer my question in one sentence using that tool result."))
+    raise AssertionError(f"no final answer after {max_steps} steps: {messages}")
+
+
+def test_agent_loop_with_healing(qwen: ChatGGUF) -> None:
+    messages = run_agent(qwen, "What's the weather like in Paris right now?", [get_weather])
+    tool_messages = [m for m in messages if isinstance(m, ToolMessage)]
+    assert tool_messages and "sunny" in str(tool_messages[0].content)
+    final = messages[-1]
+    assert isinstance(final, AIMessage) and not final.tool_calls
+    assert "sunny" in str(final.content).lower() or "21" in str(final.content)
+
+
+# --- structured output ------------------------------------------------------------------------------------------
+
+
+class Person(BaseModel):
+    """A person mentioned in the text."""
+
+    name: str = Field(description="the person's first name")
+    age: int = Field(description="the person's age in years")
+
+
+TEXT = "Extract the person: Alice is 31 years old and lives in Lyon."
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling", "json_mode"])
+def test_structured_output_pydantic(qwen: ChatGGUF, method: str) -> None:
+    llm = qwen.with_structured_output(Person, method=method)  # type: ignore[arg-type]
+    prompt = TEXT if method != "json_mode" else TEXT + ' Reply with JSON: {"name": ..., "age": ...}.'
+    result = llm.invoke(prompt)
+    assert isinstance(result, Person)
+    assert result.name == "Alice" and result.age == 31
+
+
+def test_structured_output_default_is_json_schema_and_include_raw(qwen: ChatGGUF) -> None:
+    out = qwen.with_structured_output(Person, include_raw=True).invoke(TEXT)
+    assert isinstance(out, dict)
+    assert out["parsing_error"] is None
+    assert out["parsed"] == Person(name="Alice", age=31)
+    assert isinstance(out["raw"], AIMessage) and not out["raw"].tool_calls  # json_schema: content, not a call
+    dict_out = qwen.with_structured_output(Person.model_json_schema()).invoke(TEXT)
+    assert dict_out == {"name": "Alice", "age": 31}

@@ -1,0 +1,75 @@
+"""The integration scripts in integrations/, run as a user would: a subprocess, offline, default model.
+
+Each must print its result and leave no llama-server behind (they run with keep_alive=0).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(script: str, *args: str, timeout: float = 400) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
+    env["PYTHONPATH"] = str(ROOT)
+    env["HF_HUB_OFFLINE"] = "1"
+    proc = subprocess.run([sys.executable, str(ROOT / "integrations" / script), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{script} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def _assert_no_server_left(out: str) -> None:
+    m = re.search(r"pid (\d+)", out)
+    assert m, out
+    pid = int(m.group(1))
+    ps = subprocess.run([sys.executable, "-m", "gguf_provider.cli", "ps", "--json"], cwd=ROOT, capture_output=True,
+                        text=True, check=True)
+    assert pid not in [row["pid"] for row in json.loads(ps.stdout)], "the script's server is still registered"
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, f"llama-server pid {pid} still running after the script ended"
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _models() -> None:
+    from tests.support.test_models import ensure
+
+    ensure("smollm2")
+    ensure("qwen")
+
+
+def test_langchain_chat_script() -> None:
+    out = _run("langchain_chat.py", "Say hello.", "--max-tokens", "24")
+    assert re.search(r"[\d.]+ tokens/s", out), out
+    assert "SmolLM2-135M-Instruct" in out
+    _assert_no_server_left(out)
+
+
+def test_langchain_agent_script() -> None:
+    out = _run("langchain_agent.py")
+    assert "tool call get_weather({'city': 'Paris'})" in out, out
+    answer = out.split("> What's the weather like in Paris right now?", 1)[1]
+    assert "sunny" in answer.rsplit("[step", 1)[-1].lower(), out
+    _assert_no_server_left(out)
+
+
+def test_langchain_structured_script() -> None:
+    out = _run("langchain_structured.py")
+    data = json.loads(out[out.index("{"):out.rindex("}") + 1])
+    assert data == {"name": "Alice", "age": 31, "job": "marine biologist", "city": "Lyon"}
+    assert "tokens/s" in out
+    _assert_no_server_left(out)
