@@ -94,6 +94,11 @@ def error_from_body(status: int | None, body: Any) -> APIError:
         return ContextOverflowError(
             f"the prompt ({n_prompt} tokens) does not fit the context window ({n_ctx} tokens): shorten the input, "
             f"trim the history, or start the model with a larger n_ctx", n_prompt_tokens=n_prompt, n_ctx=n_ctx)
+    if "Context size has been exceeded" in message:
+        # Generation filled the KV cache (shared by the server's parallel slots) before max_tokens.
+        return ContextOverflowError(
+            "the server's context filled up while generating (its parallel slots share it): set max_tokens, "
+            "shorten the conversation, or start the model with a larger n_ctx")
     code = err.get("code", status)
     return APIError(f"llama-server error{f' {code}' if code else ''}: {message}", status_code=status, body=body)
 

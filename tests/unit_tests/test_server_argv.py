@@ -58,3 +58,16 @@ def test_embedding_server_batches_a_whole_context() -> None:
     mine = ServerSpec(model=Path("/m.gguf"), embedding=True, server_args=("-ub", "256"))
     argv = build_argv(mine, Path("/b"), CAPS, "a", 4096, Address(socket="/s"), None)
     assert "--ubatch-size" not in argv and argv[-2:] == ["-ub", "256"]
+
+
+def test_server_errors_map_to_typed_exceptions() -> None:
+    from gguf_provider.client import error_from_body
+    from gguf_provider.errors import APIError, ContextOverflowError
+
+    err = error_from_body(400, {"error": {"type": "exceed_context_size_error", "n_prompt_tokens": 900,
+                                          "n_ctx": 512, "message": "request exceeds the available context size"}})
+    assert isinstance(err, ContextOverflowError) and (err.n_prompt_tokens, err.n_ctx) == (900, 512)
+    full = error_from_body(500, {"error": {"code": 500, "message": "Context size has been exceeded."}})
+    assert isinstance(full, ContextOverflowError) and "max_tokens" in str(full)
+    other = error_from_body(503, {"error": {"code": 503, "message": "Loading model"}})
+    assert type(other) is APIError and other.status_code == 503
