@@ -79,7 +79,7 @@ class TestChatGGUFIntegration(ChatModelIntegrationTests):
 
     def invoke_with_cache_read_input(self, *, stream: bool = False) -> Any:
         """The same long prompt twice: the second request reads its prefix from the server's prompt cache."""
-        llm = ChatGGUF(**self.chat_model_params, temperature=0, max_tokens=5)
+        llm = ChatGGUF(**{**self.chat_model_params, "max_tokens": 5})
         prompt = "Here is a list of fruits: " + ", ".join(["apple", "banana", "cherry", "plum"] * 40) + \
             ". Name the first one."
         llm.invoke(prompt)
