@@ -13,7 +13,7 @@ import time
 import weakref
 from collections.abc import AsyncGenerator, Iterator
 from contextlib import aclosing
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,25 @@ class EngineConfig:
     start_timeout: float = mgr.DEFAULT_START_TIMEOUT
     offline: bool | None = None
     progress: ProgressFn | None = field(default=None, compare=False, hash=False)
+
+    @classmethod
+    def from_fields(cls, adapter: Any, **overrides: Any) -> EngineConfig:
+        """The config of an adapter (a pydantic model) from its fields of the same names; secrets unwrapped,
+        lists made tuples, None left to the defaults here."""
+        declared = type(adapter).model_fields
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in declared or f.name in overrides:
+                continue
+            value = getattr(adapter, f.name)
+            if value is None:
+                continue
+            if hasattr(value, "get_secret_value"):
+                value = value.get_secret_value()
+            elif isinstance(value, list):
+                value = tuple(value)
+            values[f.name] = value
+        return cls(**values, **overrides)
 
 
 def resolve_spec(cfg: EngineConfig) -> mgr.ServerSpec:

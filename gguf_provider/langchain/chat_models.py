@@ -109,15 +109,7 @@ class ChatGGUF(BaseChatModel):
     # --- engine -----------------------------------------------------------------------------------------------
 
     def engine_config(self) -> EngineConfig:
-        return EngineConfig(
-            model=self.model, repo=self.repo, quant=self.quant, filename=self.filename, revision=self.revision,
-            token=self.hf_token.get_secret_value() if self.hf_token else None, model_path=self.model_path,
-            base_url=self.base_url, api_key=self.api_key.get_secret_value() if self.api_key else None,
-            n_ctx=self.n_ctx, n_gpu_layers=self.n_gpu_layers, n_parallel=self.n_parallel,
-            chat_template=self.chat_template, chat_template_file=self.chat_template_file,
-            reasoning_format=self.reasoning_format, server_args=tuple(self.server_args),
-            keep_alive=self.keep_alive, shared=self.shared, llama_server=self.llama_server,
-            rpc_servers=tuple(self.rpc_servers), timeout=self.timeout or DEFAULT_TIMEOUT)
+        return EngineConfig.from_fields(self, token=self.hf_token.get_secret_value() if self.hf_token else None)
 
     @property
     def engine(self) -> Engine:

@@ -26,6 +26,9 @@ class GGUFEmbeddings(BaseModel, Embeddings):
     repo: str | None = None
     quant: str | None = None
     filename: str | None = None
+    revision: str | None = None
+    token: SecretStr | None = None
+    """Hugging Face token."""
     model_path: str | None = None
     base_url: str | None = None
     api_key: SecretStr | None = None
@@ -44,13 +47,7 @@ class GGUFEmbeddings(BaseModel, Embeddings):
     @property
     def engine(self) -> Engine:
         if self._engine is None:
-            self._engine = Engine(EngineConfig(
-                model=self.model, repo=self.repo, quant=self.quant, filename=self.filename,
-                model_path=self.model_path, base_url=self.base_url,
-                api_key=self.api_key.get_secret_value() if self.api_key else None, embedding=True,
-                pooling=self.pooling, n_ctx=self.n_ctx, n_gpu_layers=self.n_gpu_layers,
-                server_args=tuple(self.server_args), keep_alive=self.keep_alive, shared=self.shared,
-                llama_server=self.llama_server, timeout=self.timeout))
+            self._engine = Engine(EngineConfig.from_fields(self, embedding=True))
         return self._engine
 
     def _batches(self, texts: list[str]) -> list[list[str]]:

@@ -57,13 +57,7 @@ class GGUFEmbedding(BaseEmbedding):
         return "GGUFEmbedding"
 
     def engine_config(self) -> EngineConfig:
-        return EngineConfig(
-            model=self.model, repo=self.repo, quant=self.quant, filename=self.filename, revision=self.revision,
-            token=self.token.get_secret_value() if self.token else None, model_path=self.model_path,
-            base_url=self.base_url, api_key=self.api_key.get_secret_value() if self.api_key else None,
-            embedding=True, pooling=self.pooling, n_ctx=self.n_ctx, n_gpu_layers=self.n_gpu_layers,
-            server_args=tuple(self.server_args), keep_alive=self.keep_alive, shared=self.shared,
-            llama_server=self.llama_server, timeout=self.timeout or DEFAULT_TIMEOUT)
+        return EngineConfig.from_fields(self, embedding=True)
 
     @property
     def engine(self) -> Engine:

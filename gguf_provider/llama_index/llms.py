@@ -91,6 +91,8 @@ class GGUF(FunctionCallingLLM):
                                                                "or 300).")
     shared: bool = True
     llama_server: str | None = None
+    rpc_servers: list[str] = Field(default_factory=list, description="llama.cpp RPC workers (host:port) to spread "
+                                                                       "the model over (--rpc).")
 
     # --- sampling ---
     temperature: float | None = None
@@ -123,15 +125,7 @@ class GGUF(FunctionCallingLLM):
     # --- engine -----------------------------------------------------------------------------------------------
 
     def engine_config(self) -> EngineConfig:
-        return EngineConfig(
-            model=self.model, repo=self.repo, quant=self.quant, filename=self.filename, revision=self.revision,
-            token=self.token.get_secret_value() if self.token else None, model_path=self.model_path,
-            base_url=self.base_url, api_key=self.api_key.get_secret_value() if self.api_key else None,
-            n_ctx=self.n_ctx, n_gpu_layers=self.n_gpu_layers, n_parallel=self.n_parallel,
-            chat_template=self.chat_template, chat_template_file=self.chat_template_file,
-            reasoning_format=self.reasoning_format, server_args=tuple(self.server_args),
-            keep_alive=self.keep_alive, shared=self.shared, llama_server=self.llama_server,
-            timeout=self.timeout or DEFAULT_TIMEOUT)
+        return EngineConfig.from_fields(self)
 
     @property
     def engine(self) -> Engine:

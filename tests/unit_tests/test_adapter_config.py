@@ -1,0 +1,48 @@
+"""Every adapter hands its server/model options to the engine under the same names (no hand-copied mapping)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gguf_provider.engine import EngineConfig
+
+OPTIONS: dict[str, Any] = {
+    "model": "org/repo:Q8_0", "api_key": "k-secret", "n_ctx": 1024, "n_gpu_layers": 3, "server_args": ["-t", "1"],
+    "keep_alive": 0, "shared": False, "llama_server": "/opt/llama-server", "timeout": 7.0,
+}
+
+
+def _adapters() -> list[tuple[str, Any]]:
+    from gguf_provider import ChatGGUF, GGUFEmbeddings
+    from gguf_provider.llama_index import GGUF, GGUFEmbedding
+
+    return [
+        ("ChatGGUF", ChatGGUF(**OPTIONS, token="hf-secret", n_parallel=2, rpc_servers=["h:1"], reasoning_format="x")),
+        ("GGUF", GGUF(**OPTIONS, token="hf-secret", n_parallel=2, rpc_servers=["h:1"], reasoning_format="x")),
+        ("GGUFEmbeddings", GGUFEmbeddings(**OPTIONS, token="hf-secret", pooling="cls")),
+        ("GGUFEmbedding", GGUFEmbedding(**OPTIONS, token="hf-secret", pooling="cls")),
+    ]
+
+
+@pytest.mark.parametrize("name", ["ChatGGUF", "GGUF", "GGUFEmbeddings", "GGUFEmbedding"])
+def test_adapter_options_reach_the_engine(name: str) -> None:
+    adapter = dict(_adapters())[name]
+    cfg: EngineConfig = adapter.engine.config
+    assert cfg.model == "org/repo:Q8_0" and cfg.api_key == "k-secret"  # secrets unwrapped for the engine
+    assert (cfg.n_ctx, cfg.n_gpu_layers, cfg.keep_alive, cfg.shared) == (1024, 3, 0, False)
+    assert cfg.server_args == ("-t", "1") and cfg.llama_server == "/opt/llama-server" and cfg.timeout == 7.0
+    if "Embedding" in name:
+        assert cfg.embedding and cfg.pooling == "cls"
+    else:
+        assert not cfg.embedding
+        assert (cfg.n_parallel, cfg.rpc_servers, cfg.reasoning_format) == (2, ("h:1",), "x")
+    assert cfg.token == "hf-secret"
+
+
+def test_unset_options_keep_the_engine_defaults() -> None:
+    from gguf_provider import ChatGGUF
+
+    cfg = ChatGGUF(model="m", timeout=None).engine.config
+    assert cfg == EngineConfig(model="m")
