@@ -1,4 +1,5 @@
-"""Translation between LangChain messages and the OpenAI-format messages the engine takes."""
+"""Translation between LangChain messages and the OpenAI-format messages the engine takes, and the parsers of
+structured output."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from langchain_core.exceptions import OutputParserException
 from langchain_core.messages import (
     AIMessage,
     BaseMessage,
@@ -15,6 +17,8 @@ from langchain_core.messages import (
     SystemMessage,
     ToolMessage,
 )
+from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
+from langchain_core.outputs import ChatGeneration, Generation
 
 
 def _content(content: str | list[Any]) -> str | list[dict[str, Any]]:
@@ -31,12 +35,20 @@ def _content(content: str | list[Any]) -> str | list[dict[str, Any]]:
         elif btype == "image_url":
             parts.append({"type": "image_url", "image_url": block["image_url"]})
         elif btype == "image":
-            if block.get("url"):
-                parts.append({"type": "image_url", "image_url": {"url": block["url"]}})
+            source = block.get("source") or {}  # Anthropic style: {"type": "base64", "media_type", "data"}
+            if block.get("url") or source.get("type") == "url":
+                parts.append({"type": "image_url", "image_url": {"url": block.get("url") or source["url"]}})
             else:
-                data = block.get("base64") or block.get("data")
-                mime = block.get("mime_type", "image/jpeg")
+                data = block.get("base64") or block.get("data") or source.get("data")
+                mime = block.get("mime_type") or source.get("media_type") or "image/jpeg"
                 parts.append({"type": "image_url", "image_url": {"url": f"data:{mime};base64,{data}"}})
+        elif btype == "input_audio":
+            parts.append({"type": "input_audio", "input_audio": block["input_audio"]})
+        elif btype == "audio" and (block.get("base64") or block.get("data")):
+            # llama-server takes base64 wav/mp3 as OpenAI input_audio parts (with an audio mmproj)
+            fmt = str(block.get("mime_type") or "audio/wav").split("/")[-1].replace("mpeg", "mp3").replace("x-wav", "wav")
+            parts.append({"type": "input_audio",
+                          "input_audio": {"data": block.get("base64") or block.get("data"), "format": fmt}})
         elif btype in ("reasoning", "thinking", "tool_call", "tool_use"):
             continue  # carried separately
     if all(p["type"] == "text" for p in parts):
@@ -72,3 +84,31 @@ def to_openai(messages: Sequence[BaseMessage], *, keep_reasoning: bool) -> list[
         else:
             raise ValueError(f"unsupported message type {type(m).__name__}")
     return out
+
+
+def _refuse_truncated(result: list[Generation]) -> None:
+    """LangChain's JSON parsers close a cut-off object and return it; a reply stopped by ``max_tokens`` would pass
+    as a complete one with fields missing. Say what happened instead."""
+    for gen in result:
+        if isinstance(gen, ChatGeneration) and gen.message.response_metadata.get("finish_reason") == "length":
+            raise OutputParserException(
+                "the structured output was cut off by max_tokens before the JSON was complete: raise max_tokens "
+                "(or pass max_tokens=None to use the rest of the context)", llm_output=gen.text)
+
+
+class CompleteJsonOutputParser(JsonOutputParser):
+    """``JsonOutputParser`` that refuses a reply cut off by ``max_tokens`` (streamed partial objects still flow)."""
+
+    def parse_result(self, result: list[Generation], *, partial: bool = False) -> Any:
+        if not partial:
+            _refuse_truncated(result)
+        return super().parse_result(result, partial=partial)
+
+
+class CompletePydanticOutputParser(PydanticOutputParser):  # type: ignore[type-arg]
+    """``PydanticOutputParser`` that refuses a reply cut off by ``max_tokens``."""
+
+    def parse_result(self, result: list[Generation], *, partial: bool = False) -> Any:
+        if not partial:
+            _refuse_truncated(result)
+        return super().parse_result(result, partial=partial)

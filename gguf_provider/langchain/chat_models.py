@@ -16,11 +16,12 @@ from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.messages.tool import invalid_tool_call, tool_call, tool_call_chunk
-from langchain_core.output_parsers import JsonOutputKeyToolsParser, JsonOutputParser, PydanticOutputParser
+from langchain_core.output_parsers import JsonOutputKeyToolsParser
 from langchain_core.output_parsers.openai_tools import PydanticToolsParser
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
 from langchain_core.tools import BaseTool
+from langchain_core.utils import secret_from_env
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr
@@ -29,7 +30,7 @@ from .. import chat
 from ..client import Event, Finish, ReasoningDelta, TextDelta, Timings, ToolCallDelta, Usage
 from ..engine import DEFAULT_TIMEOUT, Engine, EngineConfig
 from ..errors import ContextOverflowError, ServerConnectionError, ServerCrashedError
-from ._utils import to_openai
+from ._utils import CompleteJsonOutputParser, CompletePydanticOutputParser, to_openai
 
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty",
              "seed", "max_tokens")
@@ -65,7 +66,8 @@ class ChatGGUF(BaseChatModel):
     model_path: str | None = None
     base_url: str | None = None
     """Attach to a running llama-server (http URL or Unix socket path) instead of starting one."""
-    api_key: SecretStr | None = None
+    api_key: SecretStr | None = Field(default_factory=secret_from_env("GGUF_PROVIDER_API_KEY", default=None))
+    """Key of an attached server (default ``$GGUF_PROVIDER_API_KEY``); servers we start use their own key file."""
 
     # --- the server ---
     n_ctx: int | None = None
@@ -82,6 +84,8 @@ class ChatGGUF(BaseChatModel):
     llama_server: str | None = None
     rpc_servers: list[str] = Field(default_factory=list)
     """llama.cpp RPC workers (``host:port``) to spread the model over (``--rpc``)."""
+    vision: bool = False
+    """Fetch and load the repo's ``mmproj`` projector so image content blocks reach the model."""
 
     # --- sampling ---
     temperature: float | None = None
@@ -105,6 +109,19 @@ class ChatGGUF(BaseChatModel):
     auto_heal_tool_calls: bool = True
 
     _engine: Engine | None = PrivateAttr(default=None)
+    _engines: dict[str, Engine] = PrivateAttr(default_factory=dict)  # per-call ``model=`` overrides
+
+    @classmethod
+    def is_lc_serializable(cls) -> bool:
+        return True
+
+    @classmethod
+    def get_lc_namespace(cls) -> list[str]:
+        return ["gguf_provider", "langchain", "chat_models"]
+
+    @property
+    def lc_secrets(self) -> dict[str, str]:
+        return {"api_key": "GGUF_PROVIDER_API_KEY", "hf_token": "HF_TOKEN"}
 
     # --- engine -----------------------------------------------------------------------------------------------
 
@@ -126,9 +143,21 @@ class ChatGGUF(BaseChatModel):
         return self
 
     def unload(self) -> None:
-        """Give back this model's lease on its server (it stops after ``keep_alive``)."""
-        if self._engine is not None:
-            self._engine.unload()
+        """Give back this model's leases on its servers (they stop after ``keep_alive``)."""
+        for engine in [self._engine, *self._engines.values()]:
+            if engine is not None:
+                engine.unload()
+
+    def _engine_for(self, model: str | None) -> Engine:
+        """The engine of a per-call ``model=`` (a spec like the ``model`` field): started and shared through the
+        runtime like the default one, with this object's server options."""
+        if not model or model == self.model or self.base_url:
+            return self.engine
+        engine = self._engines.get(model)
+        if engine is None:
+            engine = self._engines.setdefault(model, self.engine.with_config(
+                model=model, repo=None, quant=None, filename=None, model_path=None))
+        return engine
 
     @property
     def _llm_type(self) -> str:
@@ -161,12 +190,16 @@ class ChatGGUF(BaseChatModel):
 
     # --- requests ---------------------------------------------------------------------------------------------
 
-    def _request(self, messages: list[BaseMessage], stop: list[str] | None, **kwargs: Any) -> chat.ChatRequest:
+    def _request(self, messages: list[BaseMessage], stop: list[str] | None,
+                 **kwargs: Any) -> tuple[Engine, chat.ChatRequest]:
         if self.profile is None:
             self.load()
         kwargs.pop("ls_structured_output_format", None)
-        kwargs.pop("model", None)  # per-call model names only label traces
-        keep_reasoning = bool(self.engine.capabilities().get("supports_preserve_reasoning"))
+        model = kwargs.pop("model", None)
+        engine = self._engine_for(model)
+        if model and self.base_url:
+            kwargs["model"] = model  # an attached server in router mode picks the model by name
+        keep_reasoning = bool(engine.capabilities().get("supports_preserve_reasoning"))
         params: dict[str, Any] = {k: kwargs.pop(k, getattr(self, k)) for k in _SAMPLING}
         stop = stop if stop is not None else kwargs.pop("stop", None) or self.stop
         if stop:
@@ -178,7 +211,7 @@ class ChatGGUF(BaseChatModel):
             response_format=kwargs.pop("response_format", None), params=params,
             reasoning=kwargs.pop("reasoning", self.reasoning), heal_tool_calls=self.auto_heal_tool_calls)
         request.params.update({k: v for k, v in kwargs.items() if v is not None})  # extra llama-server fields
-        return request
+        return engine, request
 
     def _retrying(self, fn: Callable[[], Any]) -> Any:
         for attempt in range(self.max_retries + 1):
@@ -197,9 +230,9 @@ class ChatGGUF(BaseChatModel):
             from langchain_core.language_models.chat_models import generate_from_stream
 
             return generate_from_stream(self._stream(messages, stop, run_manager, **kwargs))
-        request = self._request(messages, stop, **kwargs)
-        completion: chat.Completion = self._retrying(lambda: chat.complete(self.engine, request))
-        return self._result(completion)
+        engine, request = self._request(messages, stop, **kwargs)
+        completion: chat.Completion = self._retrying(lambda: chat.complete(engine, request))
+        return self._result(completion, engine.model_name)
 
     async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                          run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
@@ -207,24 +240,24 @@ class ChatGGUF(BaseChatModel):
             from langchain_core.language_models.chat_models import agenerate_from_stream
 
             return await agenerate_from_stream(self._astream(messages, stop, run_manager, **kwargs))
-        request = self._request(messages, stop, **kwargs)
+        engine, request = self._request(messages, stop, **kwargs)
         for attempt in range(self.max_retries + 1):
             try:
-                completion = await chat.acomplete(self.engine, request)
+                completion = await chat.acomplete(engine, request)
                 break
             except (ServerCrashedError, ServerConnectionError):
                 if attempt >= self.max_retries:
                     raise
             except ContextOverflowError as exc:
                 raise _lc_overflow(exc) from exc
-        return self._result(completion)
+        return self._result(completion, engine.model_name)
 
     def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                 run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
-        request = self._request(messages, stop, **kwargs)
+        engine, request = self._request(messages, stop, **kwargs)
         state = _StreamState()
         try:
-            for ev in chat.stream(self.engine, request):
+            for ev in chat.stream(engine, request):
                 chunk = state.chunk(ev)
                 if chunk is not None:
                     if run_manager and isinstance(ev, TextDelta):
@@ -232,15 +265,15 @@ class ChatGGUF(BaseChatModel):
                     yield chunk
         except ContextOverflowError as exc:
             raise _lc_overflow(exc) from exc
-        yield state.last(self.model_name)
+        yield state.last(engine.model_name)
 
     async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                        run_manager: AsyncCallbackManagerForLLMRun | None = None,
                        **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
-        request = self._request(messages, stop, **kwargs)
+        engine, request = self._request(messages, stop, **kwargs)
         state = _StreamState()
         try:
-            async with aclosing(chat.astream(self.engine, request)) as events:
+            async with aclosing(chat.astream(engine, request)) as events:
                 async for ev in events:
                     chunk = state.chunk(ev)
                     if chunk is not None:
@@ -249,9 +282,9 @@ class ChatGGUF(BaseChatModel):
                         yield chunk
         except ContextOverflowError as exc:
             raise _lc_overflow(exc) from exc
-        yield state.last(self.model_name)
+        yield state.last(engine.model_name)
 
-    def _result(self, c: chat.Completion) -> ChatResult:
+    def _result(self, c: chat.Completion, model_name: str) -> ChatResult:
         calls, invalid = [], []
         for tc in c.tool_calls:
             try:
@@ -264,7 +297,7 @@ class ChatGGUF(BaseChatModel):
         extra = {"reasoning_content": c.reasoning} if c.reasoning else {}
         message = AIMessage(content=c.content, additional_kwargs=extra, tool_calls=calls, invalid_tool_calls=invalid,
                             usage_metadata=_usage(c.usage),
-                            response_metadata=_metadata(self.model_name, c.finish_reason, c.timings))
+                            response_metadata=_metadata(model_name, c.finish_reason, c.timings))
         return ChatResult(generations=[ChatGeneration(message=message)])
 
     # --- tokens -----------------------------------------------------------------------------------------------
@@ -317,7 +350,8 @@ class ChatGGUF(BaseChatModel):
         elif method == "json_mode":
             llm = self.bind(response_format={"type": "json_object"},
                             ls_structured_output_format={"kwargs": {"method": method}, "schema": schema})
-            parser = PydanticOutputParser(pydantic_object=schema) if is_pydantic else JsonOutputParser()  # type: ignore[arg-type]
+            parser = (CompletePydanticOutputParser(pydantic_object=schema) if is_pydantic  # type: ignore[arg-type]
+                      else CompleteJsonOutputParser())
         elif method == "json_schema":
             if schema is None:
                 raise ValueError("json_schema needs a schema")
@@ -327,7 +361,8 @@ class ChatGGUF(BaseChatModel):
                                                                       "strict": True}}
             llm = self.bind(response_format=response_format, ls_structured_output_format={
                 "kwargs": {"method": method, "strict": strict}, "schema": json_schema})
-            parser = PydanticOutputParser(pydantic_object=schema) if is_pydantic else JsonOutputParser()  # type: ignore[arg-type]
+            parser = (CompletePydanticOutputParser(pydantic_object=schema) if is_pydantic  # type: ignore[arg-type]
+                      else CompleteJsonOutputParser())
         else:
             raise ValueError(f"unknown method {method!r}: use json_schema, function_calling or json_mode")
         if include_raw:

@@ -93,6 +93,7 @@ class GGUF(FunctionCallingLLM):
     llama_server: str | None = None
     rpc_servers: list[str] = Field(default_factory=list, description="llama.cpp RPC workers (host:port) to spread "
                                                                        "the model over (--rpc).")
+    vision: bool = Field(default=False, description="Fetch and load the repo's mmproj projector (images).")
 
     # --- sampling ---
     temperature: float | None = None

@@ -27,6 +27,7 @@ from pydantic import BaseModel, Field
 
 from gguf_provider import chat as chat_layer
 from gguf_provider.langchain import ChatGGUF
+from gguf_provider.langchain._utils import to_openai
 from gguf_provider.runtime.manager import props_n_ctx
 
 pytestmark = pytest.mark.slow
@@ -125,8 +126,11 @@ def test_profile_matches_server_context(smol: ChatGGUF, qwen: ChatGGUF) -> None:
     assert qwen.profile is not None and qwen.profile["tool_calling"] is True
 
 
-def test_ls_params_honour_per_call_model(smol: ChatGGUF) -> None:
-    assert smol._get_ls_params(model="other-model")["ls_model_name"] == "other-model"
+def test_per_call_model_runs_on_that_model(smol: ChatGGUF, smollm2_path: Path) -> None:
+    """``invoke(model=...)`` runs on that model (here the same file by its models-dir name, so the runtime attaches
+    to the running server) and labels traces and metadata with it."""
+    name = smollm2_path.stem
+    assert smol._get_ls_params(model=name)["ls_model_name"] == name
     seen: list[Any] = []
     from langchain_core.callbacks import BaseCallbackHandler
 
@@ -134,8 +138,47 @@ def test_ls_params_honour_per_call_model(smol: ChatGGUF) -> None:
         def on_chat_model_start(self, serialized: Any, messages: Any, **kwargs: Any) -> None:
             seen.append(kwargs.get("metadata", {}).get("ls_model_name"))
 
-    smol.invoke("hi", model="other-model", max_tokens=2, config={"callbacks": [Spy()]})
-    assert seen == ["other-model"]
+    msg = smol.invoke("hi", model=name, max_tokens=2, config={"callbacks": [Spy()]})
+    assert seen == [name]
+    assert msg.response_metadata["model_name"] == name
+    assert smol._engines[name].info.pid == smol.engine.info.pid  # one server: same spec, shared
+    assert smol.invoke("hi", max_tokens=2).response_metadata["model_name"] == smollm2_path.name
+
+
+def test_per_call_unknown_model_is_a_typed_error(smol: ChatGGUF) -> None:
+    from gguf_provider.errors import ModelNotFoundError
+
+    with pytest.raises(ModelNotFoundError, match="no-such-model"):
+        smol.invoke("hi", model="no-such-model", max_tokens=2)
+
+
+def test_anthropic_style_history(qwen: ChatGGUF) -> None:
+    """The standard suite's Anthropic-input history minus its image: an Anthropic-format tool, ``tool_use`` and
+    ``thinking`` content blocks, ``cache_control`` marks."""
+    color_picker = {"name": "color_picker", "description": "Input your fav color and get a random fact about it.",
+                    "input_schema": {"type": "object", "properties": {"fav_color": {"type": "string"}},
+                                     "required": ["fav_color"]}, "cache_control": {"type": "ephemeral"}}
+    messages: list[BaseMessage] = [
+        SystemMessage("you're a good assistant"),
+        HumanMessage([{"type": "text", "text": "what's your favorite color?", "cache_control": {"type": "ephemeral"}}]),
+        AIMessage([{"type": "text", "text": "Hmm let me think about that"},
+                   {"type": "tool_use", "input": {"fav_color": "purple"}, "id": "foo", "name": "color_picker"}],
+                  tool_calls=[{"name": "color_picker", "args": {"fav_color": "purple"}, "id": "foo",
+                               "type": "tool_call"}]),
+        ToolMessage("That's a great pick!", tool_call_id="foo"),
+    ]
+    sent = to_openai(messages, keep_reasoning=False)
+    assert sent[1]["content"] == "what's your favorite color?"
+    assert sent[2]["content"] == "Hmm let me think about that"
+    assert sent[2]["tool_calls"][0]["function"] == {"name": "color_picker", "arguments": '{"fav_color": "purple"}'}
+    reply = qwen.bind_tools([color_picker]).invoke(messages)
+    assert isinstance(reply, AIMessage) and (reply.content or reply.tool_calls)
+    thinking = AIMessage([{"type": "thinking", "thinking": "A greeting.", "signature": "sig"},
+                          {"type": "text", "text": "Hello, how are you?"}])
+    assert to_openai([thinking], keep_reasoning=False)[0]["content"] == "Hello, how are you?"
+    reply = qwen.invoke([HumanMessage([{"type": "text", "text": "Hello"}]), thinking,
+                         HumanMessage([{"type": "text", "text": "Well, thanks."}])])
+    assert isinstance(reply, AIMessage) and reply.content
 
 
 # --- context overflow -------------------------------------------------------------------------------------------
@@ -354,3 +397,16 @@ def test_structured_output_default_is_json_schema_and_include_raw(qwen: ChatGGUF
     assert isinstance(out["raw"], AIMessage) and not out["raw"].tool_calls  # json_schema: content, not a call
     dict_out = qwen.with_structured_output(Person.model_json_schema()).invoke(TEXT)
     assert dict_out == {"name": "Alice", "age": 31}
+
+
+@pytest.mark.parametrize("schema", [Person, Person.model_json_schema()], ids=["pydantic", "dict"])
+def test_structured_output_cut_by_max_tokens_is_an_error(qwen: ChatGGUF, schema: Any) -> None:
+    """LangChain's JSON parsers would close the cut-off object and hand back a partial one; we say why instead."""
+    from langchain_core.exceptions import OutputParserException
+
+    short = ChatGGUF(model=qwen.model, n_ctx=QWEN_CTX, temperature=0, max_tokens=4)  # attaches to qwen's server
+    with pytest.raises(OutputParserException, match="max_tokens"):
+        short.with_structured_output(schema).invoke(TEXT)
+    out = short.with_structured_output(schema, include_raw=True).invoke(TEXT)
+    assert out["parsed"] is None and isinstance(out["parsing_error"], OutputParserException)
+    assert out["raw"].response_metadata["finish_reason"] == "length"
