@@ -82,6 +82,8 @@ def test_serdes_round_trip(snapshot: SnapshotAssertion) -> None:
     assert isinstance(revived, ChatGGUF)
     assert model.dict() == revived.dict()
     assert revived.api_key is not None and revived.api_key.get_secret_value() == "from-env"
+    # The Hugging Face token, passed by its alias, is a secret reference too.
+    assert "hf_secret" not in json.dumps(dumpd(ChatGGUF(model=MODEL, token="hf_secret")))
 
 
 def test_unit_suite_starts_no_server() -> None:
