@@ -44,7 +44,7 @@ def find_llama_server(explicit: str | os.PathLike[str] | None = None) -> Path:
     on_path = shutil.which("llama-server")
     if on_path:
         return Path(on_path)
-    inst = install.installed("auto") or install.installed("cpu")
+    inst = install.any_installed()
     if inst is not None:
         return inst.server
     for d in COMMON_BUILD_DIRS:

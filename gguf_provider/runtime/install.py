@@ -94,6 +94,15 @@ def installed(backend: str = "auto") -> Installation | None:
     return inst if inst.server.is_file() else None
 
 
+def any_installed() -> Installation | None:
+    """Our build for this host's default backend, else any other backend installed from the same source pin."""
+    preferred = installed("auto") or installed("cpu")
+    if preferred is not None:
+        return preferred
+    others = (installed(b) for b in BACKENDS if b not in ("auto", "cpu"))
+    return next((inst for inst in others if inst is not None), None)
+
+
 def install(
     backend: str = "auto",
     *,

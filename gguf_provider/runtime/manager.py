@@ -168,8 +168,11 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def read_props(address: Address, timeout: float = 5.0) -> dict[str, Any]:
+def read_props(address: Address, timeout: float = 5.0, *, healthy: bool = False) -> dict[str, Any]:
+    """``/props``; with ``healthy``, ``/health`` must answer 200 first (a loading or broken server does not)."""
     with address.client(timeout=timeout) as c:
+        if healthy:
+            c.get("/health").raise_for_status()
         r = c.get("/props")
         r.raise_for_status()
         data: dict[str, Any] = r.json()
@@ -231,7 +234,7 @@ class ServerManager:
                 return None
         info = _info(key, entry)
         try:
-            props = read_props(info.address)
+            props = read_props(info.address, healthy=True)
         except (httpx.HTTPError, ValueError) as exc:
             # Our server (pid, start time and alias match) but it does not answer: starting another one here
             # would overwrite its entry and orphan it. Say so instead.

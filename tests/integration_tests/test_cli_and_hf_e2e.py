@@ -66,6 +66,8 @@ def test_cli_serve_ps_stop(smollm2_path: Path) -> None:
                                          check=True).stdout)
         row = next(r for r in rows if r["model"] == str(smollm2_path) and str(r["address"]).startswith("http"))
         url = row["address"]
+        assert row["pid"] > 0 and row["ctx"] == 1024 and row["rss"] > 0 and row["leases"] == 1
+        assert row["idle_s"] >= 0 and row["shared"] is True
         assert httpx.get(f"{url}/v1/models", timeout=5).status_code == 401
         entry = next(e for e in registry.read().values() if e.get("url") == url)
         key = Path(entry["api_key_file"]).read_text().strip()

@@ -62,7 +62,10 @@ def test_discovery_order(clean_discovery: Path, monkeypatch: pytest.MonkeyPatch)
     # lowest first: common build dirs, then our installed build, PATH, $LLAMA_SERVER_PATH, $GGUF_..., explicit
     common = _fake_server(tmp / "userhome/llama.cpp/build/bin/llama-server")
     assert discovery.find_llama_server() == common
-    ours = _fake_server(install.install_dir("cpu") / "llama-server")
+    vulkan = _fake_server(install.install_dir("vulkan") / "llama-server")  # `server install --backend vulkan`
+    (install.install_dir("vulkan") / install.MARKER).write_text(json.dumps({"backend": "vulkan", "version": "x"}))
+    assert discovery.find_llama_server() == vulkan
+    ours = _fake_server(install.install_dir("cpu") / "llama-server")  # the host's default backend comes first
     (install.install_dir("cpu") / install.MARKER).write_text(json.dumps({"backend": "cpu", "version": "x"}))
     assert discovery.find_llama_server() == ours
     on_path = _fake_server(tmp / "empty-path/llama-server")

@@ -94,6 +94,21 @@ def test_select_rules() -> None:
     assert models._select(models._group(split), quant=None, filename=None, where="x").first == "m-Q8_0.gguf"
 
 
+
+@pytest.mark.parametrize(("quants", "expected"), [
+    (["Q8_0", "Q5_K_M", "Q4_K_S", "Q4_K_M", "Q2_K"], "Q4_K_M"),
+    (["Q8_0", "Q5_K_M", "Q4_K_S", "Q2_K"], "Q4_K_S"),
+    (["Q8_0", "Q5_K_M", "Q2_K", "IQ4_K_S"], "Q5_K_M"),
+    (["Q8_0", "Q2_K", "F16"], "Q8_0"),
+    (["F16", "Q6_K", "BF16"], "Q6_K"),  # none preferred: the smallest
+])
+def test_default_quant_preference(quants: list[str], expected: str) -> None:
+    sizes = {"Q2_K": 3, "Q4_K_S": 5, "IQ4_K_S": 5, "Q4_K_M": 6, "Q5_K_M": 7, "Q6_K": 8, "Q8_0": 9, "F16": 16,
+             "BF16": 16}
+    group = models._group({f"m-{q}.gguf": sizes[q] for q in quants})
+    assert models._select(group, quant=None, filename=None, where="x").first == f"m-{expected}.gguf"
+
+
 # --- local paths -----------------------------------------------------------------------------------------------
 
 

@@ -71,3 +71,20 @@ def test_server_errors_map_to_typed_exceptions() -> None:
     assert isinstance(full, ContextOverflowError) and "max_tokens" in str(full)
     other = error_from_body(503, {"error": {"code": 503, "message": "Loading model"}})
     assert type(other) is APIError and other.status_code == 503
+
+
+def test_context_overflow_inside_a_200_stream() -> None:
+    """llama-server's ``exceed_context_size_error`` as an event of a 200 stream (its wire shape; the engine refuses
+    such prompts before sending them, so a real server does not produce this line here), and the ``error:`` line
+    it writes when a stream fails, both raise typed errors from the stream parser."""
+    from gguf_provider.client import StreamParser
+    from gguf_provider.errors import APIError, ContextOverflowError
+    from tests.reliability.sse_capture import ERROR_LINES
+
+    parser = StreamParser()
+    assert parser.feed_line('data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}')
+    with pytest.raises(ContextOverflowError) as info:
+        parser.feed_line(ERROR_LINES[1])
+    assert (info.value.n_prompt_tokens, info.value.n_ctx) == (3000, 2048)
+    with pytest.raises(APIError, match="slot unavailable"):
+        StreamParser().feed_line(ERROR_LINES[0])
