@@ -195,26 +195,21 @@ class Engine:
     # limits -------------------------------------------------------------------------------------------------
 
     def prepare(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """Cap ``max_tokens`` at context − prompt and refuse a prompt that alone fills the context.
+        """Set ``max_tokens`` to context − prompt when none is given, cap a larger one there, and refuse a prompt
+        that alone fills the context.
 
-        Counting the prompt costs two requests, so it is done only when a cheap upper bound (one token per
-        character, plus template overhead) says the request might not fit.
+        Counting the prompt costs two small requests, so with an explicit ``max_tokens`` it is done only when a
+        cheap upper bound (one token per character, plus template overhead) says the request might not fit.
         """
         n_ctx = self.n_ctx
-        if not n_ctx:
-            return payload
-        max_tokens = payload.get("max_tokens")
-        bound = _char_bound(payload)
-        if bound + (max_tokens or 0) < n_ctx:
+        if not n_ctx or _fits(payload, n_ctx):
             return payload
         n_prompt = self.count_prompt_tokens(payload)
         return _apply_limits(payload, n_prompt, n_ctx)
 
     async def aprepare(self, payload: dict[str, Any]) -> dict[str, Any]:
         n_ctx = self.n_ctx
-        if not n_ctx:
-            return payload
-        if _char_bound(payload) + (payload.get("max_tokens") or 0) < n_ctx:
+        if not n_ctx or _fits(payload, n_ctx):
             return payload
         client = self.client
         prompt = await client.aapply_template(_template_payload(payload))
@@ -291,6 +286,12 @@ def _still_alive(info: mgr.ServerInfo, grace: float = 0.3) -> bool:
 def _template_payload(payload: dict[str, Any]) -> dict[str, Any]:
     keys = ("messages", "tools", "chat_template_kwargs", "tool_choice")
     return {k: payload[k] for k in keys if k in payload}
+
+
+def _fits(payload: dict[str, Any], n_ctx: int) -> bool:
+    """An explicit ``max_tokens`` that surely fits beside the prompt (no ``max_tokens``: count, to set one)."""
+    max_tokens = payload.get("max_tokens")
+    return max_tokens is not None and _char_bound(payload) + max_tokens < n_ctx
 
 
 def _char_bound(payload: dict[str, Any]) -> int:

@@ -84,5 +84,9 @@ def test_max_tokens_sent_never_exceeds_room(rt: RuntimeEnv, monkeypatch: pytest.
         # A small request is left as asked.
         engine.chat({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5})
         assert sent[-1]["max_tokens"] == 5
+        # No max_tokens, short prompt: the default is the whole room, as counted by the server.
+        short = {"messages": [{"role": "user", "content": "Hi"}], "temperature": 0}
+        engine.chat(short)
+        assert sent[-1]["max_tokens"] == n_ctx - engine.count_prompt_tokens(short)
     finally:
         engine.unload()
