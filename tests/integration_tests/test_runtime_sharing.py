@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 
 from tests.support.runtime import RuntimeEnv, pid_alive, rt, wait_until  # noqa: F401
@@ -53,4 +56,40 @@ def test_eight_racing_processes_start_exactly_one_server(rt: RuntimeEnv) -> None
     for c in children:
         assert c.finish() == 0
     wait_until(lambda: not pid_alive(results[0]["server_pid"]), 5)
+    assert rt.registry() == {}
+
+
+@pytest.mark.timeout(120)
+def test_keep_alive_keeps_the_server_warm_then_stops_it(rt: RuntimeEnv) -> None:  # noqa: F811
+    """keep_alive > 0: after the last lease goes the server stays for the next client, then stops by itself."""
+    a = rt.child(keep_alive=6, chat=False)
+    ra = a.read_json()
+    assert a.finish() == 0
+    entry = rt.registry()[ra["key"]]
+    assert entry["leases"] == {} and entry.get("idle_since"), entry
+    assert pid_alive(ra["server_pid"]), "keep_alive=6 must not stop the server at once"
+    b = rt.child(keep_alive=6, chat=False)
+    rb = b.read_json()
+    assert rb["server_pid"] == ra["server_pid"], "a client within keep_alive reuses the warm server"
+    assert b.finish() == 0
+    wait_until(lambda: not pid_alive(ra["server_pid"]), 6 + 10)
+    wait_until(lambda: not rt.watchdogs(), 5)
+    assert rt.registry() == {}
+
+
+@pytest.mark.timeout(120)
+def test_keep_alive_forever_survives_a_killed_client_until_stopped(rt: RuntimeEnv) -> None:  # noqa: F811
+    """keep_alive=-1: the server outlives even a kill -9 of its only client; `gguf-provider stop --all` ends it."""
+    a = rt.child(keep_alive=-1, chat=False)
+    ra = a.read_json()
+    a.kill9()
+    time.sleep(3)  # what a watchdog (there is none for -1) or a sweep would need to act on the dead client
+    assert pid_alive(ra["server_pid"])
+    ps = rt.gguf_cli("ps", "--json")  # the CLI sweeps first: the dead client's lease is pruned, the server kept
+    rows = [r for r in json.loads(ps.stdout) if r["pid"] == ra["server_pid"]]
+    assert len(rows) == 1 and rows[0]["leases"] == 0, ps
+    assert pid_alive(ra["server_pid"])
+    out = rt.gguf_cli("stop", "--all")
+    assert out.returncode == 0 and f"stopped pid {ra['server_pid']}" in out.stdout, out
+    wait_until(lambda: not pid_alive(ra["server_pid"]), 5)
     assert rt.registry() == {}
