@@ -149,6 +149,8 @@ def wait_healthy(proc: subprocess.Popen[bytes] | None, pid: int, address: Addres
     """Poll ``/health`` until 200; raise ServerStartError with the log tail if the process exits or time runs out."""
     start = time.monotonic()
     delay = 0.02
+    if progress is not None:
+        progress("loading", 0, 0)
     with address.client(timeout=2.0) as client:
         while True:
             if proc is not None and proc.poll() is not None:

@@ -204,3 +204,32 @@ def test_pull_downloads_and_rejects_local(hub: HFEndpoint, files: FixtureFiles) 
     assert file_sha256(m.path) == file_sha256(files.quants["Q8_0"])
     with pytest.raises(ModelNotFoundError, match="pull needs"):
         pull(str(files.source))
+
+
+def test_revision_pins_a_commit(hub: HFEndpoint) -> None:
+    """``revision=`` resolves that commit (into its own snapshot dir); an unknown revision is a typed error."""
+    commit = hub.repos[MAIN].commit
+    m = resolve_model(MAIN, quant="Q8_0", revision=commit)
+    assert m.path.name == "SmolLM2-135M-Instruct-Q8_0.gguf"
+    assert m.path.parent.name == commit  # snapshots/<commit>/
+    assert any(f"/resolve/{commit}/" in r.path for r in hub.requests if r.method == "GET")
+    with pytest.raises(ModelNotFoundError, match="no-such-rev"):
+        resolve_model(MAIN, quant="Q8_0", revision="no-such-rev")
+
+
+def test_engine_progress_reports_download_then_loading(hub: HFEndpoint) -> None:
+    """An Engine's progress callback sees download bytes first, then "loading" while /health is 503."""
+    from gguf_provider.engine import Engine, EngineConfig
+
+    seen: list[tuple[str, int, int]] = []
+    engine = Engine(EngineConfig(repo=MAIN, quant="Q8_0", n_ctx=512, shared=False,
+                                 progress=lambda stage, done, total: seen.append((stage, done, total))))
+    try:
+        engine.load()
+    finally:
+        engine.unload()
+    stages = [s for s, _, _ in seen]
+    assert stages and stages[0] == "download" and "loading" in stages
+    assert stages.index("loading") > max(i for i, s in enumerate(stages) if s == "download")
+    downloads = [(d, t) for s, d, t in seen if s == "download"]
+    assert downloads[-1][0] == downloads[-1][1] > 0  # the last report is the whole file
