@@ -138,3 +138,22 @@ def test_server_path_and_version_cli() -> None:
     assert data["path"] == path
     assert data["flags"]["--jinja"] and data["flags"]["--api-key-file"] and data["flags"]["--alias"]
     assert data["version"]
+
+
+def test_probe_is_cached_per_binary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--version`/`--help` run once per binary (keyed by its path, size and mtime); later probes read the cache."""
+    binary = discovery.find_llama_server()  # before the home moves
+    monkeypatch.setenv("GGUF_PROVIDER_HOME", str(tmp_path / "home"))
+    runs: list[list[str]] = []
+    real_run = subprocess.run
+
+    def spy(cmd: list[str], *args: object, **kwargs: object) -> object:
+        runs.append(cmd)
+        return real_run(cmd, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(discovery.subprocess, "run", spy)
+    first = discovery.probe(binary)
+    assert [c[1] for c in runs] == ["--version", "--help"] and first.supports("--jinja")
+    cached = list((tmp_path / "home" / "probe-cache").glob("*.json"))
+    assert [p.stem for p in cached] == [discovery._cache_key(binary)]
+    assert discovery.probe(binary) == first and len(runs) == 2  # from the cache: nothing run
