@@ -43,6 +43,7 @@ class GGUFReply:
     usage: dict[str, int] = field(default_factory=dict)
     interrupted: bool = False
     done: bool = False
+    markdown: bool = True  # False (``-f text``): plain text only
 
     def _footer(self) -> str:
         parts = [self.model] if self.model else []
@@ -54,7 +55,9 @@ class GGUFReply:
             parts.append("interrupted")
         return " · ".join(parts)
 
-    def _repr_markdown_(self) -> str:
+    def _repr_markdown_(self) -> str | None:
+        if not self.markdown:
+            return None
         out = []
         if self.reasoning:
             out.append(f"<details><summary>Thinking</summary>\n\n{html.escape(self.reasoning.strip())}\n\n</details>\n")
@@ -176,6 +179,9 @@ def interpolate(text: str, namespace: dict[str, Any]) -> str:
                              f"literal brace, or use --no-interpolate)")
         value = namespace[path[0]]
         for attr in path[1:]:
+            if not hasattr(value, attr):
+                raise UsageError(f"%%gguf: {{{m.group(1)}}}: {path[0]} has no attribute {attr!r} (write {{{{ }}}} "
+                                 f"for a literal brace, or use --no-interpolate)")
             value = getattr(value, attr)
         return str(value)
 
@@ -314,10 +320,11 @@ class GGUFMagics(Magics):
                 self.settings[key] = value
         return _Table([{"setting": k, "value": v} for k, v in self.settings.items()], "")
 
-    def _one_shot(self, prompt: str) -> GGUFReply:
+    def _one_shot(self, prompt: str) -> None:
+        """The reply streams into the output as it comes (and stays in ``_gguf_last``): nothing to return."""
         model = self._model(None)
         messages = self._messages(model, prompt, self.settings["system"], history=False)
-        return self._run(model, messages, self.settings["temperature"], self.settings["max_tokens"], model.reasoning)
+        self._run(model, messages, self.settings["temperature"], self.settings["max_tokens"], model.reasoning)
 
     # --- the cell -------------------------------------------------------------------------------------------
 
@@ -338,7 +345,7 @@ class GGUFMagics(Magics):
         reasoning = ns.think if ns.think is not None else model.reasoning
         response_format = {"type": "json_object"} if ns.format == "json" else None
         reply = self._run(model, messages, temperature, max_tokens, reasoning, response_format,
-                          live=ns.format != "json")
+                          live=ns.format != "json", markdown=ns.format != "text")
         if not ns.no_history:
             self._record(model, key, prompt, reply.text)
         if ns.output:
@@ -351,8 +358,6 @@ class GGUFMagics(Magics):
         if ns.format == "code":
             m = _CODE_BLOCK.search(reply.text)
             self._shell.set_next_input((m.group(1) if m else reply.text).rstrip("\n"), replace=False)
-        if ns.format == "text":
-            print(reply.text)
         return None
 
     # --- helpers --------------------------------------------------------------------------------------------
@@ -385,10 +390,10 @@ class GGUFMagics(Magics):
 
     def _run(self, model: _Model, messages: list[dict[str, Any]], temperature: float | None,
              max_tokens: int | None, reasoning: bool | None, response_format: dict[str, Any] | None = None,
-             live: bool = True) -> GGUFReply:
+             live: bool = True, markdown: bool = True) -> GGUFReply:
         request = chat.ChatRequest(messages=messages, params={"temperature": temperature, "max_tokens": max_tokens},
                                    reasoning=reasoning, response_format=response_format)
-        reply = GGUFReply(model=model.name)
+        reply = GGUFReply(model=model.name, markdown=markdown)
         out = _LiveOutput(self._shell, reply) if live else None
         text: list[str] = []
         thinking: list[str] = []
@@ -403,7 +408,7 @@ class GGUFMagics(Magics):
                 elif isinstance(ev, ReasoningDelta):
                     thinking.append(ev.text)
                     if out:
-                        out.delta("", "".join(text), "".join(thinking))
+                        out.delta(ev.text, "".join(text), "".join(thinking), reasoning=True)
                 elif isinstance(ev, Usage):
                     reply.usage = {"input_tokens": ev.prompt_tokens, "output_tokens": ev.completion_tokens}
                 elif isinstance(ev, Timings) and ev.data.get("predicted_per_second"):
@@ -430,21 +435,32 @@ class _LiveOutput:
         self.last = 0.0
         self.handle = display(reply, display_id=True) if self.rich else None  # type: ignore[no-untyped-call]
         self.printed_thinking = False
+        self.answer_started = False
 
-    def delta(self, piece: str, text: str, thinking: str) -> None:
+    def delta(self, piece: str, text: str, thinking: str, reasoning: bool = False) -> None:
         if self.rich:
             self.reply.text, self.reply.reasoning = text, thinking
             now = time.monotonic()
             if now - self.last >= _UPDATE_EVERY and self.handle is not None:
                 self.handle.update(self.reply)
                 self.last = now
-        elif piece:
+            return
+        if reasoning and not self.printed_thinking:
+            print("[thinking]", flush=True)  # reasoning apart from the answer, as in repr(reply)
+            self.printed_thinking = True
+        elif piece and not reasoning and not self.answer_started:
+            self.answer_started = True
+            if self.printed_thinking:
+                print("\n[/thinking]", flush=True)
+        if piece:
             print(piece, end="", flush=True)
 
     def finish(self) -> None:
         if self.rich and self.handle is not None:
             self.handle.update(self.reply)
         elif not self.rich:
+            if self.printed_thinking and not self.answer_started:
+                print("\n[/thinking]", end="", flush=True)  # the reply was all thinking (cut or interrupted)
             footer = self.reply._footer()
             print(f"\n[{footer}]" if footer else "", flush=True)
 

@@ -99,7 +99,8 @@ def test_no_history_system_and_config(ip: Any, payloads: list[dict[str, Any]]) -
     assert sent["messages"][0] == {"role": "system", "content": "Answer in French."}
     assert sent["max_tokens"] <= 12 and sent["temperature"] == 0
     assert _magics(ip).models["smol"].history == []
-    reply = ip.run_line_magic("gguf", "What is 2+2?")
+    assert ip.run_line_magic("gguf", "What is 2+2?") is None  # streamed already: no second copy as Out[n]
+    reply = ip.user_ns["_gguf_last"]
     assert reply.text and payloads[-1]["messages"][0]["content"] == "Be terse."
     ip.run_line_magic("gguf", "config --system '' --max-tokens 64")
 
@@ -107,6 +108,9 @@ def test_no_history_system_and_config(ip: Any, payloads: list[dict[str, Any]]) -
 def test_no_interpolate_and_unknown_name(ip: Any, payloads: list[dict[str, Any]]) -> None:
     with pytest.raises(UsageError, match=r"\{missing_var\} is not defined"):
         ip.run_cell_magic("gguf", "-n 5", "Use {missing_var} here")
+    ip.user_ns["obj"] = object()
+    with pytest.raises(UsageError, match=r"\{obj\.missing\}: obj has no attribute 'missing'"):
+        ip.run_cell_magic("gguf", "-n 5", "Use {obj.missing} here")
     ip.run_cell_magic("gguf", "--no-interpolate --no-history -n 5 -t 0", "Keep {missing_var} as is")
     assert payloads[-1]["messages"][-1]["content"] == "Keep {missing_var} as is"
 
@@ -214,3 +218,29 @@ def test_quickstart_notebook_executes(tmp_path: Path) -> None:
     assert "rainbows" in text("%gguf history")
     assert "def add" in text("%%gguf -f code -t 0 -n 120 --no-history")
     assert "unloaded SmolLM2-135M-Instruct" in text("%gguf unload")
+
+
+@pytest.mark.parametrize("fmt", ["text", "markdown"])
+def test_terminal_reply_is_printed_once(ip: Any, fmt: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """In terminal IPython the reply streams as it comes and is not printed again (``-f text`` neither)."""
+    capsys.readouterr()
+    assert ip.run_cell_magic("gguf", f"-f {fmt} --no-history -t 0 -n 24", "Name three colours.") is None
+    out = capsys.readouterr().out
+    reply = ip.user_ns["_gguf_last"]
+    assert reply.text.strip() and out.count(reply.text.strip()) == 1, out
+    assert (reply._repr_markdown_() is None) == (fmt == "text")
+
+
+def test_terminal_shows_reasoning_apart(capsys: pytest.CaptureFixture[str]) -> None:
+    """Terminal IPython: reasoning streams between [thinking] marks, then the answer, then the footer."""
+    from gguf_provider.magics import GGUFReply, _LiveOutput
+
+    reply = GGUFReply(model="m")
+    out = _LiveOutput(object(), reply)  # no kernel: plain prints
+    out.delta("Let me ", "", "Let me ", reasoning=True)
+    out.delta("think.", "", "Let me think.", reasoning=True)
+    out.delta("Blue", "Blue", "Let me think.")
+    out.delta(".", "Blue.", "Let me think.")
+    reply.text, reply.reasoning, reply.done = "Blue.", "Let me think.", True
+    out.finish()
+    assert capsys.readouterr().out == "[thinking]\nLet me think.\n[/thinking]\nBlue.\n[m]\n"
