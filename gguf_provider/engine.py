@@ -8,6 +8,7 @@ before generation.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
@@ -25,6 +26,11 @@ from .runtime import manager as mgr
 from .runtime.process import ProgressFn
 
 DEFAULT_TIMEOUT = 600.0  # local models can be slow: 30 s defaults are a known complaint
+API_KEY_ENV = "GGUF_PROVIDER_API_KEY"  # the key of an attached server, kept off command lines and code
+
+
+def env_api_key() -> str | None:
+    return os.environ.get(API_KEY_ENV) or None
 
 
 @dataclass(frozen=True)

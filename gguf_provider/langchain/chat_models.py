@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr
 
 from .. import chat
 from ..client import Event, Finish, ReasoningDelta, TextDelta, Timings, ToolCallDelta, Usage
-from ..engine import DEFAULT_TIMEOUT, Engine, EngineConfig
+from ..engine import API_KEY_ENV, DEFAULT_TIMEOUT, Engine, EngineConfig
 from ..errors import ContextOverflowError, ServerConnectionError, ServerCrashedError
 from ._utils import CompleteJsonOutputParser, CompletePydanticOutputParser, to_openai
 
@@ -66,7 +66,7 @@ class ChatGGUF(BaseChatModel):
     model_path: str | None = None
     base_url: str | None = None
     """Attach to a running llama-server (http URL or Unix socket path) instead of starting one."""
-    api_key: SecretStr | None = Field(default_factory=secret_from_env("GGUF_PROVIDER_API_KEY", default=None))
+    api_key: SecretStr | None = Field(default_factory=secret_from_env(API_KEY_ENV, default=None))
     """Key of an attached server (default ``$GGUF_PROVIDER_API_KEY``); servers we start use their own key file."""
 
     # --- the server ---
@@ -121,7 +121,7 @@ class ChatGGUF(BaseChatModel):
 
     @property
     def lc_secrets(self) -> dict[str, str]:
-        return {"api_key": "GGUF_PROVIDER_API_KEY", "hf_token": "HF_TOKEN"}
+        return {"api_key": API_KEY_ENV, "hf_token": "HF_TOKEN"}
 
     # --- engine -----------------------------------------------------------------------------------------------
 

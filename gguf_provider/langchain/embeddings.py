@@ -5,6 +5,7 @@ from __future__ import annotations
 from langchain_core.embeddings import Embeddings
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr
 
+from .._adapter import env_api_key_secret
 from ..engine import DEFAULT_TIMEOUT, Engine, EngineConfig
 
 
@@ -31,7 +32,8 @@ class GGUFEmbeddings(BaseModel, Embeddings):
     """Hugging Face token."""
     model_path: str | None = None
     base_url: str | None = None
-    api_key: SecretStr | None = None
+    api_key: SecretStr | None = Field(default_factory=env_api_key_secret, description="Key of an attached "
+                                      "server (default $GGUF_PROVIDER_API_KEY).")
     pooling: str = "mean"
     n_ctx: int | None = None
     n_gpu_layers: int | None = None

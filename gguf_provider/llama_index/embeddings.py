@@ -7,6 +7,7 @@ from typing import Any
 from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
 from llama_index.core.bridge.pydantic import Field, PrivateAttr, SecretStr
 
+from .._adapter import env_api_key_secret
 from ..engine import DEFAULT_TIMEOUT, Engine, EngineConfig
 
 
@@ -31,7 +32,8 @@ class GGUFEmbedding(BaseEmbedding):
     token: SecretStr | None = None
     model_path: str | None = None
     base_url: str | None = None
-    api_key: SecretStr | None = None
+    api_key: SecretStr | None = Field(default_factory=env_api_key_secret, description="Key of an attached "
+                                      "server (default $GGUF_PROVIDER_API_KEY).")
     pooling: str = "mean"
     n_ctx: int | None = None
     n_gpu_layers: int | None = None

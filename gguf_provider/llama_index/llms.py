@@ -34,6 +34,7 @@ from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.types import PydanticProgramMode
 
 from .. import chat
+from .._adapter import env_api_key_secret
 from ..client import Event, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from ..engine import DEFAULT_TIMEOUT, Engine, EngineConfig
 from ..errors import ServerConnectionError, ServerCrashedError
@@ -76,7 +77,8 @@ class GGUF(FunctionCallingLLM):
     model_path: str | None = None
     base_url: str | None = Field(default=None, description="Attach to a running llama-server (http URL or Unix "
                                                            "socket path) instead of starting one.")
-    api_key: SecretStr | None = None
+    api_key: SecretStr | None = Field(default_factory=env_api_key_secret, description="Key of an attached "
+                                      "server (default $GGUF_PROVIDER_API_KEY).")
 
     # --- the server ---
     n_ctx: int | None = None

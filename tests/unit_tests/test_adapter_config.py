@@ -46,3 +46,16 @@ def test_unset_options_keep_the_engine_defaults() -> None:
 
     cfg = ChatGGUF(model="m", timeout=None).engine.config
     assert cfg == EngineConfig(model="m")
+
+
+def test_every_adapter_takes_the_attach_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gguf_provider import ChatGGUF, GGUFEmbeddings
+    from gguf_provider.llama_index import GGUF, GGUFEmbedding
+
+    monkeypatch.setenv("GGUF_PROVIDER_API_KEY", "from-env")
+    for cls in (ChatGGUF, GGUFEmbeddings, GGUF, GGUFEmbedding):
+        adapter = cls(base_url="http://127.0.0.1:8080")  # type: ignore[call-arg]
+        assert adapter.engine.config.api_key == "from-env", cls
+        assert cls(base_url="http://127.0.0.1:8080", api_key="given").engine.config.api_key == "given"  # type: ignore[call-arg]
+    monkeypatch.delenv("GGUF_PROVIDER_API_KEY")
+    assert GGUF(base_url="http://127.0.0.1:8080").engine.config.api_key is None
