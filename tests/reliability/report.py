@@ -71,9 +71,16 @@ def soak_table(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def faults_table(r: dict[str, Any]) -> list[str]:
+    lines = [f"Faults, {r['generated']} ({r['survived']} of {r['tried']} survived):", "",
+             "| fault | measured |", "|---|---|"]
+    lines += [f"| {name} | {f['figure']} |" for name, f in r["scenarios"].items()]
+    return lines
+
+
 def render() -> str:
     parts: list[str] = []
-    for name, table in (("fuzz", fuzz_table), ("soak", soak_table)):
+    for name, table in (("faults", faults_table), ("fuzz", fuzz_table), ("soak", soak_table)):
         r = read_report(name)
         parts += table(r) if r else [f"(no {name} report yet: run `pytest tests/reliability`)"]
         parts.append("")

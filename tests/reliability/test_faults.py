@@ -14,7 +14,17 @@ from gguf_provider.engine import Engine, EngineConfig
 from gguf_provider.errors import ServerCrashedError, ServerTimeoutError
 from gguf_provider.runtime import manager as mgr
 from gguf_provider.runtime import registry
+from tests.reliability.report import write_report
 from tests.support.runtime import RuntimeEnv, pid_alive, rt, wait_until  # noqa: F401
+
+FIGURES: dict[str, dict[str, object]] = {}  # scenario -> measured figures, written to reliability-faults.json
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _faults_report() -> object:
+    yield
+    write_report("faults", {"scenarios": FIGURES, "survived": sum(1 for f in FIGURES.values() if f.get("survived")),
+                            "tried": len(FIGURES)})
 
 pytestmark = pytest.mark.slow
 
@@ -37,16 +47,20 @@ def test_kill9_mid_stream_raises_crashed_then_recovers(rt: RuntimeEnv) -> None: 
                         os.kill(pid, signal.SIGKILL)
                         killed_at = time.monotonic()
         took = time.monotonic() - killed_at
-        assert killed_at and took < 1.5, took
+        assert killed_at and took < 1.0, took  # issue 8: the typed error in under 1 s
         err = ei.value
         assert f"pid {pid}" in str(err) and "next call starts a new one" in str(err)
         assert err.log_tail and err.log_path is not None and err.log_path.is_file()
 
         # The next call starts a fresh server (new pid) and answers.
+        t0 = time.monotonic()
         assert engine.chat(CHAT).content
+        recovered = time.monotonic() - t0
         assert engine.info.pid != pid
         assert [p.pid for p in rt.servers()] == [engine.info.pid]
         assert list(rt.registry()) == [engine.info.key]
+        FIGURES["kill -9 mid-stream"] = {"figure": f"ServerCrashedError {took * 1000:.0f} ms after the kill; next "
+                                         f"call answered by a new server in {recovered:.2f} s", "survived": True}
     finally:
         engine.unload()
     wait_until(lambda: rt.servers() == [], 5)
@@ -57,6 +71,7 @@ def test_hung_server_times_out_never_hangs(rt: RuntimeEnv) -> None:  # noqa: F81
     engine = Engine(EngineConfig(model_path=str(rt.model), n_ctx=2048, timeout=3))
     pid = engine.info.pid
     os.kill(pid, signal.SIGSTOP)
+    tooks: list[float] = []
     try:
         for call in (lambda: engine.chat(CHAT), lambda: list(engine.stream(CHAT))):
             t0 = time.monotonic()
@@ -64,6 +79,7 @@ def test_hung_server_times_out_never_hangs(rt: RuntimeEnv) -> None:  # noqa: F81
                 call()
             took = time.monotonic() - t0
             assert 2.5 < took < 6, took
+            tooks.append(took)
 
         # Another client asking for the same model gets a typed error rather than a second server that would
         # orphan the first one.
@@ -80,6 +96,10 @@ def test_hung_server_times_out_never_hangs(rt: RuntimeEnv) -> None:  # noqa: F81
     try:
         assert patient.chat(CHAT).content
         assert patient.info.pid == pid
+        FIGURES["hung server (SIGSTOP)"] = {
+            "figure": f"ServerTimeoutError after {tooks[0]:.1f} s (chat) and {tooks[1]:.1f} s (stream) with "
+                      f"timeout=3; a second client gets a typed error, no second server; works again after SIGCONT",
+            "survived": True}
     finally:
         patient.unload()
         engine.unload()
@@ -98,6 +118,8 @@ def test_corrupted_registry_is_recovered_on_next_use(rt: RuntimeEnv) -> None:  #
         assert list(data) == [engine.info.key]
         assert oct(path.stat().st_mode & 0o777) == oct(0o600)
         assert list(path.parent.glob("servers.corrupt-*")), "the garbage is kept aside for inspection"
+        FIGURES["registry file corrupted"] = {"figure": "reset (garbage kept aside), next request answered",
+                                              "survived": True}
     finally:
         engine.unload()
     wait_until(lambda: rt.servers() == [], 5)
@@ -120,6 +142,8 @@ def test_corrupted_registry_does_not_orphan_a_running_server(rt: RuntimeEnv) -> 
         # Its watchdog still knows it: once its last client is gone, it stops it.
         wait_until(lambda: not pid_alive(r["server_pid"]), 6)
         assert list(rt.registry()) == [engine.info.key]
+        FIGURES["registry corrupted under a running server"] = {
+            "figure": "old server kept for its client, stopped by its watchdog after; 0 orphans", "survived": True}
     finally:
         engine.unload()
     wait_until(lambda: rt.servers() == [], 5)
@@ -152,7 +176,8 @@ def test_registry_locked_by_a_dead_process_is_recovered(rt: RuntimeEnv) -> None:
             assert str(engine.info.key) in registry.read()
         finally:
             engine.unload()
-        print(f"recovered {time.monotonic() - t0:.2f} s after the lock holder died")
+        FIGURES["registry lock held by a killed process"] = {
+            "figure": f"next request answered {time.monotonic() - t0:.2f} s after the holder died", "survived": True}
     finally:
         if holder.poll() is None:
             holder.kill()
