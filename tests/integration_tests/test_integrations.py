@@ -73,3 +73,42 @@ def test_langchain_structured_script() -> None:
     assert data == {"name": "Alice", "age": 31, "job": "marine biologist", "city": "Lyon"}
     assert "tokens/s" in out
     _assert_no_server_left(out)
+
+
+def _llama_servers() -> set[int]:
+    pids = set()
+    for p in psutil.process_iter():
+        try:
+            if p.name().startswith("llama-server") and p.status() != psutil.STATUS_ZOMBIE:
+                pids.add(p.pid)
+        except psutil.Error:
+            pass
+    return pids
+
+
+def _assert_no_new_server(before: set[int]) -> None:
+    deadline = time.monotonic() + 10
+    while _llama_servers() - before:
+        assert time.monotonic() < deadline, f"llama-servers left behind: {_llama_servers() - before}"
+        time.sleep(0.1)
+
+
+def test_llamaindex_agent_script() -> None:
+    before = _llama_servers()
+    out = _run("llamaindex_agent.py")
+    assert "[call] fruit_price({'fruit': 'cherries'})" in out, out
+    assert "-> cherries: 4.00 EUR per kg" in out and "final answer:" in out, out
+    _assert_no_new_server(before)
+
+
+def test_llamaindex_query_engine_script() -> None:
+    """The default run: index docs/ with GGUFEmbedding, stream the answer of GGUF, list the sources."""
+    before = _llama_servers()
+    out = _run("llamaindex_query_engine.py", "--max-tokens", "48")
+    assert re.search(r"indexing \d+ documents with SmolLM2-135M-Instruct", out), out
+    assert "context window 4096 tokens" in out, out
+    answer = out.split("> How does gguf-provider start and share llama-server?", 1)[1].split("sources:", 1)[0]
+    assert answer.strip(), out
+    sources = re.findall(r"\[\d\.\d+\] (\S+\.md):", out)
+    assert sources and all((ROOT / "docs" / s).is_file() for s in sources), out
+    _assert_no_new_server(before)

@@ -110,6 +110,16 @@ def test_metadata_follows_the_server(thinker: GGUF) -> None:
     assert meta.num_output == 16 and "SmolLM2" in meta.model_name
 
 
+def test_function_calling_flag_follows_the_template(smollm2_path: Path) -> None:
+    """SmolLM2's own template has no tools: the flag is read from the server's template caps, not assumed."""
+    plain = GGUF(model=str(smollm2_path), n_ctx=1024, max_tokens=8).load()
+    try:
+        caps = plain.engine.client.get_json("/props")["chat_template_caps"]
+        assert plain.metadata.is_function_calling_model is bool(caps.get("supports_tools")) is False
+    finally:
+        plain.unload()
+
+
 # --- chat and completion --------------------------------------------------------------------------------------
 
 
