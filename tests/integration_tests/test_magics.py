@@ -249,6 +249,15 @@ def test_terminal_shows_reasoning_apart(capsys: pytest.CaptureFixture[str]) -> N
     assert capsys.readouterr().out == "[thinking]\nLet me think.\n[/thinking]\nBlue.\n[m]\n"
 
 
+def test_editing_and_rerunning_a_notebook_cell_replaces_its_turn(ip: Any) -> None:
+    """Jupyter passes a cell id with each run: an edited cell run again replaces its own turn, not appends one."""
+    ip.run_line_magic("gguf", "reset")
+    ip.run_cell("%%gguf -t 0 -n 6\nSay A.", cell_id="cell-a")
+    ip.run_cell("%%gguf -t 0 -n 6\nSay B.", cell_id="cell-b")
+    ip.run_cell("%%gguf -t 0 -n 6\nSay C instead.", cell_id="cell-a")  # cell-a edited and re-run
+    assert [t.user for t in _magics(ip).models["smol"].history] == ["Say C instead.", "Say B."]
+
+
 def test_second_model_quant_reset_by_name_and_unload_all(ip: Any, smollm2_path: Path) -> None:
     """Runs last: `load NAME --quant Q --as`, `reset NAME` touches only that model, `unload --all` stops both."""
     summary = ip.run_line_magic("gguf", "load SmolLM2-135M-Instruct --quant Q4_1 --ctx 1024 --as q")
