@@ -103,6 +103,16 @@ def any_installed() -> Installation | None:
     return next((inst for inst in others if inst is not None), None)
 
 
+def backend_of(binary: Path) -> str | None:
+    """The backend of our installed build that ``binary`` is, or None for any other binary."""
+    target = binary.resolve()
+    for backend in BACKENDS[1:]:
+        inst = installed(backend)
+        if inst is not None and inst.server.resolve() == target:
+            return inst.backend
+    return None
+
+
 def install(
     backend: str = "auto",
     *,

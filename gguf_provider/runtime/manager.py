@@ -20,13 +20,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from ..errors import GGUFFormatError, ServerConnectionError, ServerStartError, ServerTimeoutError
 from . import discovery, paths, process, registry
 from .process import Address, ProgressFn
+
+if TYPE_CHECKING:
+    from . import fit as fit_mod
 
 DEFAULT_KEEP_ALIVE = 300.0
 """Seconds a shared server outlives its last client; ``$GGUF_PROVIDER_KEEP_ALIVE`` overrides it."""
@@ -168,6 +171,17 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def fit_memory(binary: Path) -> fit_mod.MemoryInfo:
+    """The memory ``binary`` can use: free RAM, plus free VRAM unless it is our CPU-only build (a GPU host without a
+    CUDA toolkit gets one, and sizing its context by VRAM would overshoot RAM)."""
+    from . import fit, install
+
+    memory = fit.available_memory()
+    if memory.has_gpu and install.backend_of(binary) == "cpu":
+        return fit.MemoryInfo(ram_available=memory.ram_available)
+    return memory
+
+
 def read_props(address: Address, timeout: float = 5.0, *, healthy: bool = False) -> dict[str, Any]:
     """``/props``; with ``healthy``, ``/health`` must answer 200 first (a loading or broken server does not)."""
     with address.client(timeout=timeout) as c:
@@ -268,8 +282,9 @@ class ServerManager:
         header = gguf.read_header(spec.model)
         n_ctx = spec.n_ctx
         if n_ctx is None or n_ctx <= 0:
-            size = sum(p.stat().st_size for p in (spec.shards or (spec.model,)))
-            n_ctx = fit.fit_context(header, size, n_gpu_layers=spec.n_gpu_layers).n_ctx
+            files = [*(spec.shards or (spec.model,)), *([spec.mmproj] if spec.mmproj else [])]
+            size = sum(p.stat().st_size for p in files)
+            n_ctx = fit.fit_context(header, size, n_gpu_layers=spec.n_gpu_layers, memory=fit_memory(binary)).n_ctx
         run = paths.runtime_dir()
         tag = f"{key[:16]}-{secrets.token_hex(3)}"
         alias = f"gguf-provider-{key[:16]}"

@@ -287,3 +287,26 @@ def test_gpu_free_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert gpu_free_memory(timeout=0.5) == ()
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert gpu_free_memory() == ()
+
+
+def test_cpu_build_on_a_gpu_host_is_fitted_to_ram(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Our CPU-only build cannot use the VRAM nvidia-smi reports: the fit counts RAM only. Any other binary (or a
+    CUDA build) keeps the VRAM."""
+    import json
+
+    from gguf_provider.runtime import fit, install, manager
+
+    monkeypatch.setenv("GGUF_PROVIDER_HOME", str(tmp_path))
+    monkeypatch.setattr(fit, "gpu_free_memory", lambda: (8 * 2**30,))
+    for backend in ("cpu", "cuda"):
+        d = install.install_dir(backend)
+        d.mkdir(parents=True)
+        (d / "llama-server").write_text("")
+        (d / install.MARKER).write_text(json.dumps({"backend": backend, "version": "x"}))
+    assert install.backend_of(install.install_dir("cpu") / "llama-server") == "cpu"
+    assert not manager.fit_memory(install.install_dir("cpu") / "llama-server").has_gpu
+    assert manager.fit_memory(install.install_dir("cuda") / "llama-server").vram_free == (8 * 2**30,)
+    other = tmp_path / "elsewhere" / "llama-server"
+    other.parent.mkdir()
+    other.write_text("")
+    assert install.backend_of(other) is None and manager.fit_memory(other).has_gpu
