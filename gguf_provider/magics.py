@@ -506,7 +506,9 @@ class _Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-        if not self.rich and self.last:
+        if self.rich and self.handle is not None:  # the counter becomes a final line, not a stale "loading"
+            self.handle.update({"text/plain": f"loaded in {time.monotonic() - self.started:.1f} s"}, raw=True)
+        elif not self.rich and self.last:
             print(flush=True)
 
 

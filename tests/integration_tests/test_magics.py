@@ -275,3 +275,32 @@ def test_second_model_quant_reset_by_name_and_unload_all(ip: Any, smollm2_path: 
     while [p for p in pids if pid_alive(p)]:
         assert time.monotonic() < deadline, [p for p in pids if pid_alive(p)]
         time.sleep(0.1)
+
+
+@pytest.mark.parametrize("kernel", [False, True])
+def test_load_progress_in_terminal_and_notebook(kernel: bool, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Download bytes as a bar, then a "loading" counter that ends as a final line (display updates in a kernel,
+    carriage-return prints in a terminal)."""
+    import IPython.display
+
+    shown: list[Any] = []
+
+    class Handle:
+        def update(self, obj: Any, raw: bool = False) -> None:
+            shown.append(obj)
+
+    monkeypatch.setattr(IPython.display, "display", lambda obj, raw=False, display_id=False: shown.append(obj)
+                        or Handle())
+    shell = type("Shell", (), {"kernel": object() if kernel else None})()
+    progress = magics_module._Progress(shell)
+    progress("download", 0, 1000)
+    progress("download", 1000, 1000)
+    progress("loading", 0, 0)
+    progress.close()
+    assert progress.bar is not None and progress.bar.n == 1000
+    out = capsys.readouterr()
+    if kernel:
+        assert [o["text/plain"].split(" ")[0] for o in shown] == ["loading", "loaded"], shown
+    else:
+        assert "\rloading model … " in out.out and not shown
