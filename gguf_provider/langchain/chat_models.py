@@ -21,12 +21,12 @@ from langchain_core.output_parsers.openai_tools import PydanticToolsParser
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
 from langchain_core.tools import BaseTool
-from langchain_core.utils import secret_from_env
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr
 
 from .. import chat
+from .._adapter import env_api_key_secret
 from ..client import Event, Finish, ReasoningDelta, TextDelta, Timings, ToolCallDelta, Usage
 from ..engine import API_KEY_ENV, DEFAULT_TIMEOUT, Engine, EngineConfig
 from ..errors import ContextOverflowError, ServerConnectionError, ServerCrashedError
@@ -66,7 +66,7 @@ class ChatGGUF(BaseChatModel):
     model_path: str | None = None
     base_url: str | None = None
     """Attach to a running llama-server (http URL or Unix socket path) instead of starting one."""
-    api_key: SecretStr | None = Field(default_factory=secret_from_env(API_KEY_ENV, default=None))
+    api_key: SecretStr | None = Field(default_factory=env_api_key_secret)
     """Key of an attached server (default ``$GGUF_PROVIDER_API_KEY``); servers we start use their own key file."""
 
     # --- the server ---
