@@ -69,9 +69,6 @@ def clients(body: bytes) -> dict[str, Callable[[], Iterator[str]]]:
     from langchain_openai import ChatOpenAI
 
     from gguf_provider import ChatGGUF
-    from gguf_provider.client import EngineClient
-    from gguf_provider.runtime import manager
-    from gguf_provider.runtime.process import Address
 
     url = "http://127.0.0.1:1"
     raw_client = httpx.Client(base_url=url, transport=transport(body))
@@ -90,15 +87,8 @@ def clients(body: bytes) -> dict[str, Callable[[], Iterator[str]]]:
                     if text:
                         yield text
 
-    gguf = ChatGGUF(base_url=url, temperature=0, seed=SEED, max_tokens=N_TOKENS)
-    address = Address(url=url)
-    info = manager.ServerInfo(key="attached", pid=0, create_time=0.0, alias="bench", address=address,
-                              log_path=Path("/dev/null"), model="/m/bench.gguf", n_ctx=8192, props=PROPS)
-    engine = gguf.engine
-    engine._info = info
-    engine._client = EngineClient(address)
-    engine._client._client = httpx.Client(base_url=url, transport=transport(body))
-    gguf.profile = {"max_input_tokens": 8192}
+    gguf = ChatGGUF(base_url=url, transport=transport(body), temperature=0, seed=SEED, max_tokens=N_TOKENS)
+    gguf.load()  # reads the replayed /props once, as a real attach does
     openai = ChatOpenAI(base_url=f"{url}/v1", api_key="x", model="bench", temperature=0, seed=SEED,
                         max_tokens=N_TOKENS, max_retries=0, http_client=httpx.Client(transport=transport(body)))
     llama = ChatLlama(model="bench", base_url=url, http_client=httpx.Client(transport=transport(body)),

@@ -12,8 +12,8 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
-from .client import Event, Finish, ReasoningDelta, TextDelta, Timings, ToolCallDelta, Usage
 from .engine import Engine
+from .events import Collector, Completion, Event, Finish, TextDelta, ToolCallDelta
 from .tools import ToolCall, could_be_tool_call, forced_schema, heal_tool_calls, parse_forced, tool_name
 
 Reasoning = bool | str | None
@@ -153,59 +153,23 @@ async def astream(engine: Engine, request: ChatRequest) -> AsyncGenerator[Event,
                 yield out
 
 
-@dataclass
-class Completion:
-    content: str = ""
-    reasoning: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    finish_reason: str | None = None
-    usage: Usage | None = None
-    timings: dict[str, Any] = field(default_factory=dict)
-
-
-class Collector:
-    """Folds events into a :class:`Completion` (tool-call fragments joined by index)."""
-
-    def __init__(self) -> None:
-        self.result = Completion()
-        self._text: list[str] = []
-        self._reasoning: list[str] = []
-        self._calls: dict[int, ToolCall] = {}
-
-    def add(self, ev: Event) -> None:
-        if isinstance(ev, TextDelta):
-            self._text.append(ev.text)
-        elif isinstance(ev, ReasoningDelta):
-            self._reasoning.append(ev.text)
-        elif isinstance(ev, ToolCallDelta):
-            call = self._calls.get(ev.index)
-            if call is None:
-                self._calls[ev.index] = ToolCall(ev.id or "", ev.name or "", ev.arguments)
-            else:
-                call.arguments += ev.arguments
-        elif isinstance(ev, Finish):
-            self.result.finish_reason = ev.reason
-        elif isinstance(ev, Usage):
-            self.result.usage = ev
-        elif isinstance(ev, Timings):
-            self.result.timings = ev.data
-
-    def done(self) -> Completion:
-        r = self.result
-        r.content, r.reasoning = "".join(self._text), "".join(self._reasoning)
-        r.tool_calls = [self._calls[i] for i in sorted(self._calls)]
-        return r
-
-
 def complete(engine: Engine, request: ChatRequest) -> Completion:
-    col = Collector()
-    for ev in stream(engine, request):
-        col.add(ev)
-    return col.done()
+    """The whole reply, retried on a fresh server after a crash (``max_retries``)."""
+
+    def run() -> Completion:
+        col = Collector()
+        for ev in stream(engine, request):
+            col.add(ev)
+        return col.done()
+
+    return engine.retrying(run)
 
 
 async def acomplete(engine: Engine, request: ChatRequest) -> Completion:
-    col = Collector()
-    async for ev in astream(engine, request):
-        col.add(ev)
-    return col.done()
+    async def run() -> Completion:
+        col = Collector()
+        async for ev in astream(engine, request):
+            col.add(ev)
+        return col.done()
+
+    return await engine.aretrying(run)

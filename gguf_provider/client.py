@@ -10,74 +10,13 @@ import json
 import reprlib
 import weakref
 from collections.abc import AsyncGenerator, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from .errors import APIError, ContextOverflowError, ServerTimeoutError
+from .events import Event, Finish, ReasoningDelta, TextDelta, Timings, ToolCallDelta, Usage
 from .runtime.process import Address
-
-# --- events ----------------------------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class TextDelta:
-    text: str
-
-
-@dataclass(slots=True)
-class ReasoningDelta:
-    text: str
-
-
-@dataclass(slots=True)
-class ToolCallDelta:
-    """One fragment of a tool call. ``id`` and ``name`` are set only on the first fragment of a call."""
-
-    index: int
-    id: str | None
-    name: str | None
-    arguments: str
-
-
-@dataclass(slots=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    cached_tokens: int = 0
-
-
-@dataclass(slots=True)
-class Timings:
-    """llama-server's own timings: prompt_n, prompt_ms, predicted_n, predicted_per_second, cache_n, ..."""
-
-    data: dict[str, Any]
-
-
-@dataclass(slots=True)
-class Finish:
-    reason: str | None
-    model: str | None = None
-
-
-Event = TextDelta | ReasoningDelta | ToolCallDelta | Usage | Timings | Finish
-
-
-@dataclass
-class ChatResult:
-    """A whole (non-streamed) chat completion, normalized."""
-
-    content: str
-    reasoning: str
-    tool_calls: list[dict[str, Any]]
-    finish_reason: str | None
-    model: str | None
-    usage: Usage | None
-    timings: dict[str, Any]
-    raw: dict[str, Any]
-
 
 # --- errors ----------------------------------------------------------------------------------------------------
 
@@ -223,16 +162,6 @@ def _usage(u: dict[str, Any]) -> Usage:
                  int(u.get("total_tokens") or 0), int(details.get("cached_tokens") or 0))
 
 
-def parse_completion(data: dict[str, Any]) -> ChatResult:
-    choice = (data.get("choices") or [{}])[0]
-    msg = choice.get("message") or {}
-    return ChatResult(
-        content=msg.get("content") or "", reasoning=msg.get("reasoning_content") or "",
-        tool_calls=list(msg.get("tool_calls") or []), finish_reason=choice.get("finish_reason"),
-        model=data.get("model"), usage=_usage(data["usage"]) if data.get("usage") else None,
-        timings=data.get("timings") or {}, raw=data)
-
-
 # --- client ----------------------------------------------------------------------------------------------------
 
 
@@ -293,12 +222,6 @@ class EngineClient:
         _raise_for_status(r, r.content)
         return r.json()
 
-    def chat(self, payload: dict[str, Any]) -> ChatResult:
-        return parse_completion(self.post_json("/v1/chat/completions", {**payload, "stream": False}))
-
-    async def achat(self, payload: dict[str, Any]) -> ChatResult:
-        return parse_completion(await self.apost_json("/v1/chat/completions", {**payload, "stream": False}))
-
     def stream_chat(self, payload: dict[str, Any]) -> Iterator[Event]:
         """Stream events. Closing the generator (``break`` in the consumer) closes the response, which makes
         llama-server stop generating and free the slot."""
@@ -341,13 +264,12 @@ class EngineClient:
     async def aapply_template(self, payload: dict[str, Any]) -> str:
         return str((await self.apost_json("/apply-template", payload)).get("prompt") or "")
 
-    def embed(self, inputs: list[str], model: str | None = None) -> list[list[float]]:
-        data = self.post_json("/v1/embeddings", {"input": inputs, **({"model": model} if model else {})})
-        return _embeddings(data)
+    def embed(self, inputs: list[str], **extra: Any) -> list[list[float]]:
+        """Vectors of ``inputs``; ``extra`` fields go into the request body."""
+        return _embeddings(self.post_json("/v1/embeddings", {**extra, "input": inputs}))
 
-    async def aembed(self, inputs: list[str], model: str | None = None) -> list[list[float]]:
-        data = await self.apost_json("/v1/embeddings", {"input": inputs, **({"model": model} if model else {})})
-        return _embeddings(data)
+    async def aembed(self, inputs: list[str], **extra: Any) -> list[list[float]]:
+        return _embeddings(await self.apost_json("/v1/embeddings", {**extra, "input": inputs}))
 
 
 def _embeddings(data: dict[str, Any]) -> list[list[float]]:

@@ -8,24 +8,28 @@ before generation.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
 import weakref
-from collections.abc import AsyncGenerator, Iterator
-from contextlib import aclosing
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
+from contextlib import aclosing, contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
-from .client import ChatResult, EngineClient, Event
+from .client import EngineClient
 from .errors import ContextOverflowError, ServerConnectionError, ServerCrashedError
+from .events import Collector, Completion, Event
 from .runtime import manager as mgr
 from .runtime.process import ProgressFn
 
 DEFAULT_TIMEOUT = 600.0  # local models can be slow: 30 s defaults are a known complaint
+T = TypeVar("T")
+Transport = httpx.BaseTransport | httpx.AsyncBaseTransport
 API_KEY_ENV = "GGUF_PROVIDER_API_KEY"  # the key of an attached server, kept off command lines and code
 
 
@@ -40,7 +44,7 @@ class EngineConfig:
     quant: str | None = None
     filename: str | None = None
     revision: str | None = None
-    token: str | None = None
+    hf_token: str | None = None
     model_path: str | None = None
     base_url: str | None = None
     api_key: str | None = None
@@ -62,36 +66,18 @@ class EngineConfig:
     timeout: float = DEFAULT_TIMEOUT
     start_timeout: float = mgr.DEFAULT_START_TIMEOUT
     offline: bool | None = None
+    max_retries: int = 2  # retries of a call whose server crashed or could not be reached
     progress: ProgressFn | None = field(default=None, compare=False, hash=False)
-
-    @classmethod
-    def from_fields(cls, adapter: Any, **overrides: Any) -> EngineConfig:
-        """The config of an adapter (a pydantic model) from its fields of the same names; secrets unwrapped,
-        lists made tuples, None left to the defaults here."""
-        declared = type(adapter).model_fields
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            if f.name not in declared or f.name in overrides:
-                continue
-            value = getattr(adapter, f.name)
-            if value is None:
-                continue
-            if hasattr(value, "get_secret_value"):
-                value = value.get_secret_value()
-            elif isinstance(value, list):
-                value = tuple(value)
-            values[f.name] = value
-        return cls(**values, **overrides)
 
 
 def resolve_spec(cfg: EngineConfig) -> mgr.ServerSpec:
     from .runtime.models import resolve_model
 
     if cfg.model_path:
-        resolved = resolve_model(cfg.model_path)
+        resolved = resolve_model(cfg.model_path, vision=cfg.vision)
     else:
         resolved = resolve_model(cfg.model, repo=cfg.repo, quant=cfg.quant, filename=cfg.filename,
-                                 revision=cfg.revision, token=cfg.token, vision=cfg.vision, offline=cfg.offline,
+                                 revision=cfg.revision, token=cfg.hf_token, vision=cfg.vision, offline=cfg.offline,
                                  progress=_download_progress(cfg.progress))
     return mgr.ServerSpec(
         model=resolved.path, shards=tuple(resolved.shards), mmproj=resolved.mmproj, n_ctx=cfg.n_ctx,
@@ -112,13 +98,20 @@ def _download_progress(progress: ProgressFn | None) -> Any:
 
 
 class Engine:
-    """A lazily started server plus its :class:`EngineClient`. Thread-safe."""
+    """A lazily started server plus its :class:`EngineClient`. Thread-safe.
 
-    def __init__(self, config: EngineConfig) -> None:
+    ``transport`` (an httpx transport, e.g. ``httpx.MockTransport``) carries every request of an attached
+    ``base_url`` instead of the network: unit tests replay captured llama-server streams through it.
+    """
+
+    def __init__(self, config: EngineConfig, *, transport: Transport | None = None) -> None:
         if not (config.model or config.repo or config.model_path or config.base_url):
             raise ValueError("give a model: model='name or path or org/repo:QUANT', repo=..., model_path=... or "
                              "base_url=... to attach to a running server")
+        if transport is not None and not config.base_url:
+            raise ValueError("a transport carries the requests of an attached server: give base_url too")
         self.config = config
+        self.transport = transport
         self._lock = threading.Lock()
         self._lease: mgr.Lease | None = None
         self._info: mgr.ServerInfo | None = None
@@ -134,7 +127,8 @@ class Engine:
             self._drop()
             cfg = self.config
             if cfg.base_url:
-                info = mgr.attach(cfg.base_url, cfg.api_key, timeout=min(cfg.timeout, 30.0))
+                info = mgr.attach(cfg.base_url, cfg.api_key, timeout=min(cfg.timeout, 30.0),
+                                  transport=self.transport)
             else:
                 spec = resolve_spec(cfg)
                 lease = mgr.get_manager().acquire(spec, shared=cfg.shared, keep_alive=cfg.keep_alive,
@@ -185,7 +179,16 @@ class Engine:
         caps: dict[str, Any] = self.props.get("chat_template_caps") or {}
         return caps
 
-    # failure mapping ----------------------------------------------------------------------------------------
+    # the one error guard ------------------------------------------------------------------------------------
+
+    @contextmanager
+    def guard(self) -> Iterator[None]:
+        """Map transport failures to our errors: :class:`ServerCrashedError` (with the log tail) when the server we
+        started died, else :class:`ServerConnectionError`. Wraps sync and async code alike."""
+        try:
+            yield
+        except httpx.TransportError as exc:
+            raise self._failure(exc) from exc
 
     def _failure(self, exc: httpx.TransportError) -> Exception:
         info = self._info
@@ -197,6 +200,25 @@ class Engine:
                 f"starts a new one", info.log_tail(), info.log_path)
         where = info.address.describe() if info else "?"
         return ServerConnectionError(f"lost the connection to llama-server at {where}: {exc}")
+
+    def retrying(self, call: Callable[[], T]) -> T:
+        """Run ``call`` again (on a fresh server) after a crash or lost connection, ``max_retries`` times."""
+        for attempt in itertools.count():
+            try:
+                return call()
+            except (ServerCrashedError, ServerConnectionError):
+                if attempt >= self.config.max_retries:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def aretrying(self, call: Callable[[], Awaitable[T]]) -> T:
+        for attempt in itertools.count():
+            try:
+                return await call()
+            except (ServerCrashedError, ServerConnectionError):
+                if attempt >= self.config.max_retries:
+                    raise
+        raise AssertionError("unreachable")
 
     # limits -------------------------------------------------------------------------------------------------
 
@@ -210,72 +232,67 @@ class Engine:
         n_ctx = self.n_ctx
         if not n_ctx or _fits(payload, n_ctx):
             return payload
-        n_prompt = self.count_prompt_tokens(payload)
-        return _apply_limits(payload, n_prompt, n_ctx)
+        return _apply_limits(payload, self.count_prompt_tokens(payload), n_ctx)
 
     async def aprepare(self, payload: dict[str, Any]) -> dict[str, Any]:
         n_ctx = self.n_ctx
         if not n_ctx or _fits(payload, n_ctx):
             return payload
         client = self.client
-        prompt = await client.aapply_template(_template_payload(payload))
-        n_prompt = len(await client.atokenize(prompt))
+        with self.guard():
+            prompt = await client.aapply_template(_template_payload(payload))
+            n_prompt = len(await client.atokenize(prompt))
         return _apply_limits(payload, n_prompt, n_ctx)
 
     def count_prompt_tokens(self, payload: dict[str, Any]) -> int:
         client = self.client
-        try:
-            prompt = client.apply_template(_template_payload(payload))
-            return len(client.tokenize(prompt))
-        except httpx.TransportError as exc:
-            raise self._failure(exc) from exc
+        with self.guard():
+            return len(client.tokenize(client.apply_template(_template_payload(payload))))
+
+    def tokenize(self, text: str, *, special: bool = True) -> list[int]:
+        client = self.client
+        with self.guard():
+            return client.tokenize(text, special=special)
 
     # requests -----------------------------------------------------------------------------------------------
 
-    def chat(self, payload: dict[str, Any]) -> ChatResult:
-        payload = self.prepare(payload)
-        try:
-            return self.client.chat(payload)
-        except httpx.TransportError as exc:
-            raise self._failure(exc) from exc
-
-    async def achat(self, payload: dict[str, Any]) -> ChatResult:
-        payload = await self.aprepare(payload)
-        try:
-            return await self.client.achat(payload)
-        except httpx.TransportError as exc:
-            raise self._failure(exc) from exc
-
     def stream(self, payload: dict[str, Any]) -> Iterator[Event]:
         payload = self.prepare(payload)
-        try:
+        with self.guard():
             yield from self.client.stream_chat(payload)
-        except httpx.TransportError as exc:
-            raise self._failure(exc) from exc
 
     async def astream(self, payload: dict[str, Any]) -> AsyncGenerator[Event, None]:
         payload = await self.aprepare(payload)
-        try:
+        with self.guard():
             async with aclosing(self.client.astream_chat(payload)) as events:
                 async for ev in events:
                     yield ev
-        except httpx.TransportError as exc:
-            raise self._failure(exc) from exc
 
-    def embed(self, inputs: list[str]) -> list[list[float]]:
-        try:
-            return self.client.embed(inputs)
-        except httpx.TransportError as exc:
-            raise self._failure(exc) from exc
+    def chat(self, payload: dict[str, Any]) -> Completion:
+        """A whole reply, folded from the stream (the one request path; no retry here)."""
+        col = Collector()
+        for ev in self.stream(payload):
+            col.add(ev)
+        return col.done()
 
-    async def aembed(self, inputs: list[str]) -> list[list[float]]:
-        try:
-            return await self.client.aembed(inputs)
-        except httpx.TransportError as exc:
-            raise self._failure(exc) from exc
+    def embed(self, inputs: list[str], **extra: Any) -> list[list[float]]:
+        def run() -> list[list[float]]:
+            client = self.client
+            with self.guard():
+                return client.embed(inputs, **extra)
+
+        return self.retrying(run)
+
+    async def aembed(self, inputs: list[str], **extra: Any) -> list[list[float]]:
+        async def run() -> list[list[float]]:
+            client = self.client
+            with self.guard():
+                return await client.aembed(inputs, **extra)
+
+        return await self.aretrying(run)
 
     def with_config(self, **changes: Any) -> Engine:
-        return Engine(replace(self.config, **changes))
+        return Engine(replace(self.config, **changes), transport=self.transport)
 
 
 def _still_alive(info: mgr.ServerInfo, grace: float = 0.3) -> bool:

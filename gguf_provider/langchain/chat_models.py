@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import aclosing
+from contextlib import aclosing, contextmanager
 from operator import itemgetter
 from typing import Any, Literal
 
@@ -23,24 +23,21 @@ from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr
+from pydantic import BaseModel, Field, PrivateAttr
 
 from .. import chat
-from .._adapter import env_api_key_secret
-from ..client import Event, Finish, ReasoningDelta, TextDelta, Timings, ToolCallDelta, Usage
-from ..engine import API_KEY_ENV, DEFAULT_TIMEOUT, Engine, EngineConfig
-from ..errors import ContextOverflowError, ServerConnectionError, ServerCrashedError
+from ..engine import API_KEY_ENV, Engine
+from ..errors import ContextOverflowError
+from ..events import Completion, Event, Finish, ReasoningDelta, TextDelta, Timings, ToolCallDelta, Usage
+from ..options import ChatOptions, LangChainExtras
 from ._utils import CompleteJsonOutputParser, CompletePydanticOutputParser, to_openai
-
-_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty",
-             "seed", "max_tokens")
 
 
 class GGUFContextOverflowError(ContextOverflowError, LCContextOverflowError):
     """The prompt does not fit the context window (both gguf-provider's and LangChain's error type)."""
 
 
-class ChatGGUF(BaseChatModel):
+class ChatGGUF(BaseChatModel, ChatOptions, LangChainExtras):
     """Chat with a local GGUF model. The llama-server starts on first use (or at :meth:`load`) and is shared.
 
     Example:
@@ -53,62 +50,9 @@ class ChatGGUF(BaseChatModel):
                 print(chunk.content, end="", flush=True)
     """
 
-    model_config = ConfigDict(populate_by_name=True, arbitrary_types_allowed=True)
+    streaming: bool = Field(default=False, description=(
+        "Make `invoke` stream internally (callbacks see each token); `stream` always streams."))
 
-    # --- the model ---
-    model: str | None = None
-    """A model spec: a ``.gguf`` path, a name in the models dir, or ``"org/repo[:QUANT]"`` on Hugging Face."""
-    repo: str | None = None
-    quant: str | None = None
-    filename: str | None = None
-    revision: str | None = None
-    hf_token: SecretStr | None = Field(default=None, alias="token")
-    model_path: str | None = None
-    base_url: str | None = None
-    """Attach to a running llama-server (http URL or Unix socket path) instead of starting one."""
-    api_key: SecretStr | None = Field(default_factory=env_api_key_secret)
-    """Key of an attached server (default ``$GGUF_PROVIDER_API_KEY``); servers we start use their own key file."""
-
-    # --- the server ---
-    n_ctx: int | None = None
-    n_gpu_layers: int | None = None
-    n_parallel: int | None = None
-    chat_template: str | None = None
-    chat_template_file: str | None = None
-    reasoning_format: str | None = None
-    server_args: list[str] = Field(default_factory=list)
-    keep_alive: float | None = None
-    """Seconds the shared server lives after its last client lets go (0: at once, -1: forever); default
-    ``$GGUF_PROVIDER_KEEP_ALIVE`` or 300."""
-    shared: bool = True
-    llama_server: str | None = None
-    rpc_servers: list[str] = Field(default_factory=list)
-    """llama.cpp RPC workers (``host:port``) to spread the model over (``--rpc``)."""
-    vision: bool = False
-    """Fetch and load the repo's ``mmproj`` projector so image content blocks reach the model."""
-
-    # --- sampling ---
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    repeat_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    seed: int | None = None
-    max_tokens: int | None = None
-    stop: list[str] | None = Field(default=None, alias="stop_sequences")
-    reasoning: bool | Literal["low", "medium", "high"] | None = None
-    """None: the template's default; True/False: thinking on/off; "low" | "medium" | "high": effort."""
-
-    # --- client ---
-    timeout: float | None = DEFAULT_TIMEOUT
-    max_retries: int = 2
-    """Retries of a request whose server crashed or could not be reached (a fresh server is started)."""
-    streaming: bool = False
-    auto_heal_tool_calls: bool = True
-
-    _engine: Engine | None = PrivateAttr(default=None)
     _engines: dict[str, Engine] = PrivateAttr(default_factory=dict)  # per-call ``model=`` overrides
 
     @classmethod
@@ -124,15 +68,6 @@ class ChatGGUF(BaseChatModel):
         return {"api_key": API_KEY_ENV, "hf_token": "HF_TOKEN"}
 
     # --- engine -----------------------------------------------------------------------------------------------
-
-    def engine_config(self) -> EngineConfig:
-        return EngineConfig.from_fields(self, token=self.hf_token.get_secret_value() if self.hf_token else None)
-
-    @property
-    def engine(self) -> Engine:
-        if self._engine is None:
-            self._engine = Engine(self.engine_config())
-        return self._engine
 
     def load(self) -> ChatGGUF:
         """Start (or attach to) the server now instead of on first use."""
@@ -169,9 +104,8 @@ class ChatGGUF(BaseChatModel):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        params = {k: getattr(self, k) for k in _SAMPLING if getattr(self, k) is not None}
         return {"model": self.model or self.repo or self.model_path or self.base_url, "quant": self.quant,
-                **params}
+                **self.sampling_params()}
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = LangSmithParams(ls_provider="gguf", ls_model_type="chat",
@@ -199,30 +133,10 @@ class ChatGGUF(BaseChatModel):
         engine = self._engine_for(model)
         if model and self.base_url:
             kwargs["model"] = model  # an attached server in router mode picks the model by name
+        if stop is not None:
+            kwargs["stop"] = stop
         keep_reasoning = bool(engine.capabilities().get("supports_preserve_reasoning"))
-        params: dict[str, Any] = {k: kwargs.pop(k, getattr(self, k)) for k in _SAMPLING}
-        stop = stop if stop is not None else kwargs.pop("stop", None) or self.stop
-        if stop:
-            params["stop"] = stop
-        tools = kwargs.pop("tools", None) or []
-        request = chat.ChatRequest(
-            messages=to_openai(messages, keep_reasoning=keep_reasoning), tools=tools,
-            tool_choice=chat.normalize_tool_choice(kwargs.pop("tool_choice", None)),
-            response_format=kwargs.pop("response_format", None), params=params,
-            reasoning=kwargs.pop("reasoning", self.reasoning), heal_tool_calls=self.auto_heal_tool_calls)
-        request.params.update({k: v for k, v in kwargs.items() if v is not None})  # extra llama-server fields
-        return engine, request
-
-    def _retrying(self, fn: Callable[[], Any]) -> Any:
-        for attempt in range(self.max_retries + 1):
-            try:
-                return fn()
-            except (ServerCrashedError, ServerConnectionError):
-                if attempt >= self.max_retries:
-                    raise
-            except ContextOverflowError as exc:
-                raise _lc_overflow(exc) from exc
-        raise AssertionError("unreachable")
+        return engine, self.chat_request(to_openai(messages, keep_reasoning=keep_reasoning), kwargs)
 
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
@@ -231,7 +145,8 @@ class ChatGGUF(BaseChatModel):
 
             return generate_from_stream(self._stream(messages, stop, run_manager, **kwargs))
         engine, request = self._request(messages, stop, **kwargs)
-        completion: chat.Completion = self._retrying(lambda: chat.complete(engine, request))
+        with _lc_errors():
+            completion = chat.complete(engine, request)
         return self._result(completion, engine.model_name)
 
     async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
@@ -241,50 +156,39 @@ class ChatGGUF(BaseChatModel):
 
             return await agenerate_from_stream(self._astream(messages, stop, run_manager, **kwargs))
         engine, request = self._request(messages, stop, **kwargs)
-        for attempt in range(self.max_retries + 1):
-            try:
-                completion = await chat.acomplete(engine, request)
-                break
-            except (ServerCrashedError, ServerConnectionError):
-                if attempt >= self.max_retries:
-                    raise
-            except ContextOverflowError as exc:
-                raise _lc_overflow(exc) from exc
+        with _lc_errors():
+            completion = await chat.acomplete(engine, request)
         return self._result(completion, engine.model_name)
 
     def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                 run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
         engine, request = self._request(messages, stop, **kwargs)
-        state = _StreamState()
-        try:
+        chunks = _ChunkBuilder()
+        with _lc_errors():
             for ev in chat.stream(engine, request):
-                chunk = state.chunk(ev)
+                chunk = chunks.chunk(ev)
                 if chunk is not None:
                     if run_manager and isinstance(ev, TextDelta):
                         run_manager.on_llm_new_token(ev.text, chunk=chunk)
                     yield chunk
-        except ContextOverflowError as exc:
-            raise _lc_overflow(exc) from exc
-        yield state.last(engine.model_name)
+        yield chunks.last(engine.model_name)
 
     async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                        run_manager: AsyncCallbackManagerForLLMRun | None = None,
                        **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
         engine, request = self._request(messages, stop, **kwargs)
-        state = _StreamState()
-        try:
+        chunks = _ChunkBuilder()
+        with _lc_errors():
             async with aclosing(chat.astream(engine, request)) as events:
                 async for ev in events:
-                    chunk = state.chunk(ev)
+                    chunk = chunks.chunk(ev)
                     if chunk is not None:
                         if run_manager and isinstance(ev, TextDelta):
                             await run_manager.on_llm_new_token(ev.text, chunk=chunk)
                         yield chunk
-        except ContextOverflowError as exc:
-            raise _lc_overflow(exc) from exc
-        yield state.last(engine.model_name)
+        yield chunks.last(engine.model_name)
 
-    def _result(self, c: chat.Completion, model_name: str) -> ChatResult:
+    def _result(self, c: Completion, model_name: str) -> ChatResult:
         calls, invalid = [], []
         for tc in c.tool_calls:
             try:
@@ -304,10 +208,10 @@ class ChatGGUF(BaseChatModel):
 
     def get_num_tokens(self, text: str) -> int:
         """Exact count from the model's own tokenizer (no special tokens)."""
-        return len(self.engine.client.tokenize(text, special=False))
+        return len(self.get_token_ids(text))
 
     def get_token_ids(self, text: str) -> list[int]:
-        return self.engine.client.tokenize(text, special=False)
+        return self.engine.tokenize(text, special=False)
 
     def get_num_tokens_from_messages(self, messages: list[BaseMessage],
                                      tools: Sequence[Any] | None = None) -> int:
@@ -372,7 +276,7 @@ class ChatGGUF(BaseChatModel):
         return llm | parser
 
 
-class _StreamState:
+class _ChunkBuilder:
     """Turns engine events into LangChain chunks; usage and metadata go on the one last chunk."""
 
     __slots__ = ("finish", "timings", "usage")
@@ -423,5 +327,12 @@ def _metadata(model_name: str, finish: str | None, timings: dict[str, Any]) -> d
     return meta
 
 
-def _lc_overflow(exc: ContextOverflowError) -> GGUFContextOverflowError:
-    return GGUFContextOverflowError(str(exc), n_prompt_tokens=exc.n_prompt_tokens, n_ctx=exc.n_ctx)
+@contextmanager
+def _lc_errors() -> Iterator[None]:
+    """Our context overflow raised as one that is also LangChain's (middleware catches that type)."""
+    try:
+        yield
+    except ContextOverflowError as exc:
+        if isinstance(exc, GGUFContextOverflowError):
+            raise
+        raise GGUFContextOverflowError(str(exc), n_prompt_tokens=exc.n_prompt_tokens, n_ctx=exc.n_ctx) from exc

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from langchain_core.embeddings import Embeddings
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr
+from pydantic import Field
 
-from .._adapter import env_api_key_secret
-from ..engine import DEFAULT_TIMEOUT, Engine, EngineConfig
+from ..options import EmbeddingOptions, LangChainExtras
 
 
-class GGUFEmbeddings(BaseModel, Embeddings):
+class GGUFEmbeddings(EmbeddingOptions, LangChainExtras, Embeddings):
     """Embed texts with a local GGUF model on its own ``--embedding`` server.
 
     Example:
@@ -21,59 +20,25 @@ class GGUFEmbeddings(BaseModel, Embeddings):
             vectors = emb.embed_documents(["hello", "world"])
     """
 
-    model_config = ConfigDict(populate_by_name=True, arbitrary_types_allowed=True)
+    batch_size: int = Field(default=32, description="Texts sent per request.")
 
-    model: str | None = None
-    repo: str | None = None
-    quant: str | None = None
-    filename: str | None = None
-    revision: str | None = None
-    token: SecretStr | None = None
-    """Hugging Face token."""
-    model_path: str | None = None
-    base_url: str | None = None
-    api_key: SecretStr | None = Field(default_factory=env_api_key_secret, description="Key of an attached "
-                                      "server (default $GGUF_PROVIDER_API_KEY).")
-    pooling: str = "mean"
-    n_ctx: int | None = None
-    n_gpu_layers: int | None = None
-    server_args: list[str] = Field(default_factory=list)
-    keep_alive: float | None = None
-    shared: bool = True
-    llama_server: str | None = None
-    batch_size: int = 32
-    timeout: float = DEFAULT_TIMEOUT
-
-    _engine: Engine | None = PrivateAttr(default=None)
-
-    @property
-    def engine(self) -> Engine:
-        if self._engine is None:
-            self._engine = Engine(EngineConfig.from_fields(self, embedding=True))
-        return self._engine
+    def load(self) -> GGUFEmbeddings:
+        """Start (or attach to) the server now instead of on first use."""
+        self.engine.load()
+        return self
 
     def _batches(self, texts: list[str]) -> list[list[str]]:
         n = max(1, self.batch_size)
         return [texts[i:i + n] for i in range(0, len(texts), n)]
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        out: list[list[float]] = []
-        for batch in self._batches(texts):
-            out += self.engine.embed(batch)
-        return out
+        return [v for batch in self._batches(texts) for v in self.embed(batch)]
 
     def embed_query(self, text: str) -> list[float]:
-        return self.embed_documents([text])[0]
+        return self.embed([text])[0]
 
     async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
-        out: list[list[float]] = []
-        for batch in self._batches(texts):
-            out += await self.engine.aembed(batch)
-        return out
+        return [v for batch in self._batches(texts) for v in await self.aembed(batch)]
 
     async def aembed_query(self, text: str) -> list[float]:
-        return (await self.aembed_documents([text]))[0]
-
-    def unload(self) -> None:
-        if self._engine is not None:
-            self._engine.unload()
+        return (await self.aembed([text]))[0]

@@ -21,18 +21,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gguf_provider.chat import ChatRequest, Collector, EventProcessor
-from gguf_provider.client import (
+from gguf_provider.chat import ChatRequest, EventProcessor
+from gguf_provider.client import StreamParser
+from gguf_provider.errors import APIError, GGUFFormatError
+from gguf_provider.events import (
+    Collector,
     Event,
     Finish,
     ReasoningDelta,
-    StreamParser,
     TextDelta,
     Timings,
     ToolCallDelta,
     Usage,
 )
-from gguf_provider.errors import APIError, GGUFFormatError
 from gguf_provider.runtime.gguf import read_header
 from gguf_provider.tools import ToolCall, could_be_tool_call, heal_tool_calls, parse_forced
 from tests.reliability.report import write_report

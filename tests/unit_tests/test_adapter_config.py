@@ -1,4 +1,5 @@
-"""Every adapter hands its server/model options to the engine under the same names (no hand-copied mapping)."""
+"""Every adapter hands its server/model options to the engine under the same names (declared once in
+gguf_provider/options.py, no hand-copied mapping)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from gguf_provider.engine import EngineConfig
 
 OPTIONS: dict[str, Any] = {
     "model": "org/repo:Q8_0", "api_key": "k-secret", "n_ctx": 1024, "n_gpu_layers": 3, "server_args": ["-t", "1"],
-    "keep_alive": 0, "shared": False, "llama_server": "/opt/llama-server", "timeout": 7.0,
+    "keep_alive": 0, "shared": False, "llama_server": "/opt/llama-server", "timeout": 7.0, "port": 8080,
+    "offline": True, "start_timeout": 5, "n_parallel": 2, "rpc_servers": ["h:1"], "token": "hf-secret",
+    "max_retries": 0,
 }
 
 
@@ -19,10 +22,10 @@ def _adapters() -> list[tuple[str, Any]]:
     from gguf_provider.llama_index import GGUF, GGUFEmbedding
 
     return [
-        ("ChatGGUF", ChatGGUF(**OPTIONS, token="hf-secret", n_parallel=2, rpc_servers=["h:1"], reasoning_format="x")),
-        ("GGUF", GGUF(**OPTIONS, token="hf-secret", n_parallel=2, rpc_servers=["h:1"], reasoning_format="x")),
-        ("GGUFEmbeddings", GGUFEmbeddings(**OPTIONS, token="hf-secret", pooling="cls")),
-        ("GGUFEmbedding", GGUFEmbedding(**OPTIONS, token="hf-secret", pooling="cls")),
+        ("ChatGGUF", ChatGGUF(**OPTIONS, reasoning_format="x")),
+        ("GGUF", GGUF(**OPTIONS, reasoning_format="x")),
+        ("GGUFEmbeddings", GGUFEmbeddings(**OPTIONS, pooling="cls")),
+        ("GGUFEmbedding", GGUFEmbedding(**OPTIONS, pooling="cls")),
     ]
 
 
@@ -33,12 +36,12 @@ def test_adapter_options_reach_the_engine(name: str) -> None:
     assert cfg.model == "org/repo:Q8_0" and cfg.api_key == "k-secret"  # secrets unwrapped for the engine
     assert (cfg.n_ctx, cfg.n_gpu_layers, cfg.keep_alive, cfg.shared) == (1024, 3, 0, False)
     assert cfg.server_args == ("-t", "1") and cfg.llama_server == "/opt/llama-server" and cfg.timeout == 7.0
+    assert (cfg.port, cfg.offline, cfg.start_timeout, cfg.max_retries) == (8080, True, 5, 0)
+    assert (cfg.n_parallel, cfg.rpc_servers, cfg.hf_token) == (2, ("h:1",), "hf-secret")
     if "Embedding" in name:
         assert cfg.embedding and cfg.pooling == "cls"
     else:
-        assert not cfg.embedding
-        assert (cfg.n_parallel, cfg.rpc_servers, cfg.reasoning_format) == (2, ("h:1",), "x")
-    assert cfg.token == "hf-secret"
+        assert not cfg.embedding and cfg.reasoning_format == "x"
 
 
 def test_unset_options_keep_the_engine_defaults() -> None:

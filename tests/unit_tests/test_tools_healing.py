@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from gguf_provider.chat import ChatRequest, Collector, EventProcessor, normalize_tool_choice, reasoning_kwargs
-from gguf_provider.client import Finish, TextDelta, ToolCallDelta
+from gguf_provider.chat import ChatRequest, EventProcessor, normalize_tool_choice, reasoning_kwargs
+from gguf_provider.events import Collector, Finish, TextDelta, ToolCallDelta
 from gguf_provider.tools import could_be_tool_call, forced_schema, heal_tool_calls, parse_forced
 
 NAMES = {"get_weather", "add"}

@@ -1,0 +1,279 @@
+"""Every option of the adapters, declared once: pydantic groups with a description and a default each.
+
+The adapters compose the groups (chat: :class:`ChatOptions`; embeddings: :class:`EmbeddingOptions`) plus their
+framework's rule for unknown keyword arguments (:class:`LangChainExtras`, :class:`LlamaIndexExtras`). A new option
+is one field here plus the place in the runtime or in :mod:`gguf_provider.chat` that uses it: a field whose name is
+an :class:`~gguf_provider.engine.EngineConfig` field reaches the engine through :meth:`EngineOptions.engine_config`.
+``docs/reference.md`` is generated from these descriptions (``scripts/gen_reference.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import warnings
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, model_validator
+
+from . import chat
+from .engine import API_KEY_ENV, DEFAULT_TIMEOUT, Engine, EngineConfig, Transport, env_api_key
+from .runtime.manager import DEFAULT_START_TIMEOUT
+
+SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty",
+            "seed", "max_tokens")
+
+
+class UnknownOptionWarning(UserWarning):
+    """An adapter got a keyword argument that is none of its options: it is forwarded to llama-server as-is."""
+
+
+def _env_api_key_secret() -> SecretStr | None:
+    key = env_api_key()
+    return SecretStr(key) if key else None
+
+
+class _Options(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, protected_namespaces=(), arbitrary_types_allowed=True)
+
+    def extra_body(self) -> dict[str, Any]:
+        """Fields sent as they are in every request body (the framework's ``model_kwargs`` and the like)."""
+        return {}
+
+
+class ModelOptions(_Options):
+    """Which model, and where it comes from."""
+
+    model: str | None = Field(default=None, description=(
+        "The model: a `.gguf` path, a name in the models dir (file stem, case-insensitive) or `org/repo[:QUANT]` "
+        "on Hugging Face."))
+    repo: str | None = Field(default=None, description="A Hugging Face repo id (`org/name`), instead of `model`.")
+    quant: str | None = Field(default=None, description=(
+        "The quantization to pick from a repo (e.g. `Q4_K_M`); default: the best one the repo has, in our "
+        "preference order."))
+    filename: str | None = Field(default=None, description="The exact `.gguf` file to pick from the repo.")
+    revision: str | None = Field(default=None, description="A Hub branch, tag or commit to pin (default `main`).")
+    hf_token: SecretStr | None = Field(default=None, alias="token", description=(
+        "Hugging Face token for private or gated repos (also accepted as `token`; default: huggingface_hub's own, "
+        "e.g. `$HF_TOKEN`)."))
+    model_path: str | None = Field(default=None, description="A local `.gguf` file, used as it is (no lookup).")
+    offline: bool | None = Field(default=None, description=(
+        "Resolve Hub models from the local cache only, never the network (default: `$HF_HUB_OFFLINE`)."))
+    base_url: str | None = Field(default=None, description=(
+        "Attach to a running llama-server (http URL or Unix socket path) instead of starting one."))
+    api_key: SecretStr | None = Field(default_factory=_env_api_key_secret, description=(
+        f"Key of an attached server (default `${API_KEY_ENV}`); servers we start use their own key file."))
+
+
+class ServerOptions(_Options):
+    """How the llama-server is started and shared (part of the server's identity: other values, other server)."""
+
+    n_ctx: int | None = Field(default=None, description=(
+        "Context window in tokens; default: the model's own, fitted to free memory."))
+    n_gpu_layers: int | None = Field(default=None, description=(
+        "Layers to offload to the GPU (`-ngl`); default: llama-server's choice."))
+    n_parallel: int | None = Field(default=None, description=(
+        "Parallel slots (`-np`); default: llama-server's automatic choice, sharing one KV cache."))
+    server_args: list[str] = Field(default_factory=list, description=(
+        "Extra llama-server command-line arguments, passed as they are."))
+    rpc_servers: list[str] = Field(default_factory=list, description=(
+        "llama.cpp RPC workers (`host:port`) to spread the model over (`--rpc`)."))
+    llama_server: str | None = Field(default=None, description=(
+        "The llama-server binary to run; default: discovery (`$GGUF_PROVIDER_LLAMA_SERVER`, PATH, our build)."))
+    port: int | None = Field(default=None, description=(
+        "Listen on 127.0.0.1 (with a random key file) instead of a private Unix socket: on this port if it is "
+        "free, else on any free one (0: any)."))
+    shared: bool = Field(default=True, description=(
+        "Share one server with every process that asks for the same model and options."))
+    keep_alive: float | None = Field(default=None, description=(
+        "Seconds the server lives after its last client lets go (0: at once, -1: until `gguf-provider stop`); "
+        "default `$GGUF_PROVIDER_KEEP_ALIVE` or 300."))
+    start_timeout: float = Field(default=DEFAULT_START_TIMEOUT, description=(
+        "Seconds to wait for a starting server to load the model and answer `/health`."))
+
+
+class ChatServerOptions(_Options):
+    """Server options that only chat models have."""
+
+    chat_template: str | None = Field(default=None, description=(
+        "A built-in llama.cpp template name (e.g. `chatml`) instead of the model's own."))
+    chat_template_file: str | None = Field(default=None, description="A Jinja chat template file to use instead.")
+    reasoning_format: str | None = Field(default=None, description=(
+        "llama-server's `--reasoning-format` (e.g. `deepseek`, `none`); default: the server's."))
+    vision: bool = Field(default=False, description=(
+        "Load the model's `mmproj` projector (beside the file or in the repo) so image blocks reach the model."))
+
+
+class SamplingOptions(_Options):
+    """Per-request generation settings (each may also be given per call)."""
+
+    temperature: float | None = Field(default=None, description="Sampling temperature; default: the server's.")
+    top_p: float | None = Field(default=None, description="Nucleus sampling threshold.")
+    top_k: int | None = Field(default=None, description="Sample from the k most likely tokens.")
+    min_p: float | None = Field(default=None, description="Drop tokens below this fraction of the top probability.")
+    repeat_penalty: float | None = Field(default=None, description="Penalty for repeated tokens (1.0: none).")
+    presence_penalty: float | None = Field(default=None, description="OpenAI-style presence penalty.")
+    frequency_penalty: float | None = Field(default=None, description="OpenAI-style frequency penalty.")
+    seed: int | None = Field(default=None, description="Sampling seed, for repeatable replies.")
+    max_tokens: int | None = Field(default=None, description=(
+        "Most tokens to generate; default (and upper bound): what the context leaves after the prompt."))
+    stop: list[str] | None = Field(default=None, alias="stop_sequences", description=(
+        "Strings that end the reply (also accepted as `stop_sequences`)."))
+    reasoning: bool | Literal["low", "medium", "high"] | None = Field(default=None, description=(
+        "Thinking: None = the template's default, True/False = on/off, `low`/`medium`/`high` = effort."))
+    auto_heal_tool_calls: bool = Field(default=True, description=(
+        "Turn tool calls a model wrote as text (`<tool_call>`, bare JSON) into real tool calls."))
+
+
+class ClientOptions(_Options):
+    """How requests are sent."""
+
+    timeout: float | None = Field(default=DEFAULT_TIMEOUT, description=(
+        "Seconds a request may take (None: the default); local models can be slow."))
+    max_retries: int = Field(default=2, description=(
+        "Retries of a whole (non-streamed) request whose server crashed or could not be reached; a fresh server "
+        "is started for the retry."))
+    transport: Any = Field(default=None, exclude=True, description=(
+        "An httpx transport that carries every request to an attached `base_url` (tests replay recorded streams "
+        "through `httpx.MockTransport`)."))
+
+
+class EngineOptions(ModelOptions, ServerOptions, ClientOptions):
+    """The options every adapter has, and the one place they become an :class:`EngineConfig`."""
+
+    _embedding: ClassVar[bool] = False
+    _engine: Engine | None = PrivateAttr(default=None)
+
+    def engine_config(self, **overrides: Any) -> EngineConfig:
+        """The engine's config from the fields of the same names: secrets unwrapped, lists made tuples, None left
+        to the engine's defaults."""
+        declared = type(self).model_fields
+        values: dict[str, Any] = {"embedding": self._embedding}
+        for f in dataclasses.fields(EngineConfig):
+            if f.name not in declared:
+                continue
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            if isinstance(value, SecretStr):
+                value = value.get_secret_value()
+            elif isinstance(value, list):
+                value = tuple(value)
+            values[f.name] = value
+        return EngineConfig(**{**values, **overrides})
+
+    def _http_transport(self) -> Transport | None:
+        return self.transport  # type: ignore[no-any-return]
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            self._engine = Engine(self.engine_config(), transport=self._http_transport())
+        return self._engine
+
+    def unload(self) -> None:
+        """Give back this object's lease on its server: the server stops after ``keep_alive`` once no client
+        holds it."""
+        if self._engine is not None:
+            self._engine.unload()
+
+
+class ChatOptions(EngineOptions, ChatServerOptions, SamplingOptions):
+    """Every option of a chat adapter, and the request they make."""
+
+    def chat_request(self, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> chat.ChatRequest:
+        """A request from OpenAI-format messages and per-call keyword arguments (which override the fields;
+        keys that are no option go into the body as llama-server fields, like ``extra_body``)."""
+        kwargs = dict(kwargs)
+        params: dict[str, Any] = {k: kwargs.pop(k, getattr(self, k)) for k in SAMPLING}
+        stop = kwargs.pop("stop", None) or self.stop
+        if stop:
+            params["stop"] = stop
+        request = chat.ChatRequest(
+            messages=messages, tools=kwargs.pop("tools", None) or [],
+            tool_choice=chat.normalize_tool_choice(kwargs.pop("tool_choice", None)),
+            response_format=kwargs.pop("response_format", None), params=params,
+            reasoning=kwargs.pop("reasoning", self.reasoning), heal_tool_calls=self.auto_heal_tool_calls)
+        request.params.update(self.extra_body())
+        request.params.update({k: v for k, v in kwargs.items() if v is not None})
+        return request
+
+    def sampling_params(self) -> dict[str, Any]:
+        """The sampling fields that are set (for tracing and identifying params)."""
+        return {k: getattr(self, k) for k in SAMPLING if getattr(self, k) is not None}
+
+
+class EmbeddingOptions(EngineOptions):
+    """Every option of an embeddings adapter."""
+
+    _embedding: ClassVar[bool] = True
+
+    pooling: str = Field(default="mean", description=(
+        "How token vectors become one vector (`mean`, `cls`, `last`, `rank`; llama-server's `--pooling`)."))
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        return self.engine.embed(texts, **self.extra_body()) if texts else []
+
+    async def aembed(self, texts: list[str]) -> list[list[float]]:
+        return await self.engine.aembed(texts, **self.extra_body()) if texts else []
+
+
+# --- unknown keyword arguments: each framework's convention, never silent ---------------------------------------
+
+
+def forward_unknown(cls: type[BaseModel], values: Any, target: str) -> Any:
+    """Move the keys of ``values`` that name no field of ``cls`` into ``values[target]``, warning about each with
+    the closest known name; a known option given inside ``target`` is an error (it would be ambiguous)."""
+    if not isinstance(values, dict):
+        return values
+    known = set(cls.model_fields)
+    known.update(f.alias for f in cls.model_fields.values() if f.alias)
+    inside = values.get(target) or {}
+    clash = sorted(set(inside) & known)
+    if clash:
+        raise ValueError(f"{cls.__name__}: give {', '.join(clash)} as their own parameters, not inside {target}")
+    unknown = [k for k in values if k not in known]
+    if not unknown:
+        return values
+    values = dict(values)
+    moved = dict(inside)
+    for key in unknown:
+        close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        warnings.warn(f"{cls.__name__} has no option {key!r}{hint}: it is sent to llama-server in the request body "
+                      f"as {target}[{key!r}]", UnknownOptionWarning, stacklevel=2)
+        moved[key] = values.pop(key)
+    values[target] = moved
+    return values
+
+
+class LangChainExtras(_Options):
+    """LangChain's convention: unknown keyword arguments land in ``model_kwargs`` (with a warning)."""
+
+    model_kwargs: dict[str, Any] = Field(default_factory=dict, description=(
+        "Extra fields sent in every request body (llama-server takes more than the named options, e.g. "
+        "`dry_multiplier`). Unknown constructor arguments land here, with a warning."))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _forward_unknown(cls, values: Any) -> Any:
+        return forward_unknown(cls, values, "model_kwargs")
+
+    def extra_body(self) -> dict[str, Any]:
+        return dict(self.model_kwargs)
+
+
+class LlamaIndexExtras(_Options):
+    """LlamaIndex's convention: unknown keyword arguments land in ``additional_kwargs`` (with a warning)."""
+
+    additional_kwargs: dict[str, Any] = Field(default_factory=dict, description=(
+        "Extra fields sent in every request body (llama-server takes more than the named options, e.g. "
+        "`dry_multiplier`). Unknown constructor arguments land here, with a warning."))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _forward_unknown(cls, values: Any) -> Any:
+        return forward_unknown(cls, values, "additional_kwargs")
+
+    def extra_body(self) -> dict[str, Any]:
+        return dict(self.additional_kwargs)

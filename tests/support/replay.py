@@ -1,0 +1,42 @@
+"""llama-server answers recorded by ``scripts/capture_replays.py`` (tests/unit_tests/replays/*.json), replayed
+through an ``httpx.MockTransport`` so the adapters run end to end with no binary and no model."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPLAYS = Path(__file__).resolve().parents[1] / "unit_tests" / "replays"
+BASE_URL = "http://replayed-llama-server:8080"
+
+
+@dataclass
+class Replay:
+    """Answers each request with the recorded answer for its method and path; keeps what was sent."""
+
+    exchanges: list[dict[str, Any]]
+    sent: list[tuple[str, str, Any]] = field(default_factory=list)
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else None
+        self.sent.append((request.method, request.url.path, body))
+        for ex in self.exchanges:
+            if ex["method"] == request.method and ex["path"] == request.url.path:
+                return httpx.Response(ex["status"], headers={"content-type": ex["content_type"]},
+                                      content=ex["body"].encode())
+        return httpx.Response(404, json={"error": {"message": f"nothing recorded for {request.url.path}"}})
+
+    @property
+    def transport(self) -> httpx.MockTransport:
+        return httpx.MockTransport(self)
+
+    def bodies(self, path: str) -> list[Any]:
+        return [body for _, p, body in self.sent if p == path]
+
+
+def load_replay(name: str) -> Replay:
+    return Replay(json.loads((REPLAYS / f"{name}.json").read_text()))
