@@ -1,6 +1,37 @@
 """The exception hierarchy of gguf-provider.
 
-Every error the library raises on purpose derives from :class:`GGUFProviderError` and says what to do next.
+Every error the library raises on purpose derives from :class:`GGUFProviderError` and says what to do next::
+
+    GGUFProviderError                      anything from gguf-provider
+    ├── BinaryNotFoundError                no llama-server to run
+    ├── BuildError                         `gguf-provider server install` failed       .log_path
+    ├── ModelError                         the model could not be resolved or read
+    │   ├── ModelNotFoundError             the spec names nothing usable
+    │   │   └── UnknownQuantError          the repo has no such quant                  .available
+    │   ├── MissingShardError              a split GGUF lacks shards
+    │   ├── GGUFFormatError                not a valid GGUF file, or truncated
+    │   ├── InsufficientDiskError          not enough disk for the download
+    │   └── ModelDownloadError             the download failed or is incomplete
+    ├── InsufficientMemoryError            the model does not fit at any usable context
+    ├── ServerError                        the llama-server process failed             .log_tail .log_path
+    │   ├── ServerStartError               exited or not healthy while starting
+    │   ├── ServerCrashedError             died during a request
+    │   ├── ServerTimeoutError             did not answer in time
+    │   └── ServerConnectionError          could not be reached
+    └── APIError                           the server answered a request with an error .status_code .body
+        └── ContextOverflowError           the prompt does not fit the context         .n_prompt_tokens .n_ctx
+            └── GGUFContextOverflowError   (ChatGGUF) also langchain_core.exceptions.ContextOverflowError
+
+What to catch:
+
+* ``GGUFProviderError``: anything gguf-provider raised on purpose.
+* ``ServerError``: anything the server process did (start failed, crash, hang, unreachable); ``log_path`` is
+  its log and ``log_tail`` its last lines.
+* ``ContextOverflowError``: an input too long for the context; trim and retry. ``ChatGGUF`` raises
+  ``GGUFContextOverflowError``, which LangChain code catching its own ``ContextOverflowError`` also sees.
+* ``APIError``: any request llama-server refused. ``ModelError``: anything about the model file.
+
+Wrong arguments raise ``ValueError``, not these. docs/errors.md says when each class is raised.
 """
 
 from __future__ import annotations
