@@ -23,7 +23,7 @@ def cmd_server_install(args: argparse.Namespace) -> int:
 
     bar: Any = None
 
-    def progress(done: int, total: int, _what: str) -> None:
+    def progress(stage: str, done: int, total: int, detail: str = "") -> None:
         nonlocal bar
         if bar is None or bar.total != total:
             if bar is not None:

@@ -470,7 +470,8 @@ def _is_kernel(shell: Any) -> bool:
 
 
 class _Progress:
-    """Load progress: download bytes as a bar, then "loading" with elapsed time."""
+    """Load progress (a :class:`~gguf_provider.runtime.progress.Progress`): download bytes as a bar, then "loading"
+    with elapsed time."""
 
     def __init__(self, shell: Any) -> None:
         self.shell = shell
@@ -480,7 +481,7 @@ class _Progress:
         self.last = 0.0
         self.started = time.monotonic()
 
-    def __call__(self, stage: str, done: int, total: int) -> None:
+    def __call__(self, stage: str, done: int, total: int, detail: str = "") -> None:
         if stage == "download":
             if self.bar is None:
                 from tqdm.auto import tqdm

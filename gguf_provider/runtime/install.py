@@ -16,13 +16,13 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 from ..errors import BuildError
 from . import paths
+from .progress import Progress
 
 # The source pin: a registry sdist that carries the llama.cpp tree. Record it: tarball builds report no commit.
 SDIST_NAME = "llama-cpp-python"
@@ -35,10 +35,6 @@ SERVER_TARGET = "llama-server"
 TOOL_TARGETS = ("llama-gguf-split", "llama-quantize")
 BACKENDS = ("auto", "cpu", "cuda", "vulkan", "metal")
 MARKER = "installed.json"
-
-ProgressFn = Callable[[int, int, str], None]
-"""``progress(done, total, what)``: build steps done out of total."""
-
 
 @dataclass(frozen=True)
 class Installation:
@@ -118,12 +114,13 @@ def install(
     *,
     force: bool = False,
     cmake_args: list[str] | None = None,
-    progress: ProgressFn | None = None,
+    progress: Progress | None = None,
     jobs: int | None = None,
 ) -> Installation:
     """Build and install llama-server (plus llama-gguf-split and llama-quantize) for ``backend``.
 
-    A second call finds the marker and returns at once unless ``force``. Raises :class:`BuildError` naming the log
+    A second call finds the marker and returns at once unless ``force``. ``progress`` gets "build" reports (see
+    :mod:`.progress`). Raises :class:`BuildError` naming the log
     file when any step fails.
     """
     backend = resolve_backend(backend)
@@ -191,7 +188,7 @@ def parse_progress(line: str) -> tuple[int, int] | None:
     return None
 
 
-def _run_logged(cmd: list[str], log: TextIO, log_path: Path, step: str, progress: ProgressFn | None) -> None:
+def _run_logged(cmd: list[str], log: TextIO, log_path: Path, step: str, progress: Progress | None) -> None:
     log.write(f"$ {' '.join(cmd)}\n")
     log.flush()
     try:
@@ -210,7 +207,7 @@ def _run_logged(cmd: list[str], log: TextIO, log_path: Path, step: str, progress
         if progress is not None:
             step_done = parse_progress(line)
             if step_done:
-                progress(step_done[0], step_done[1], line.rstrip()[:80])
+                progress("build", step_done[0], step_done[1], line.rstrip()[:80])
     rc = proc.wait()
     log.flush()
     if rc != 0:

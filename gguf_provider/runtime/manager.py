@@ -26,7 +26,8 @@ import httpx
 
 from ..errors import GGUFFormatError, ServerConnectionError, ServerStartError, ServerTimeoutError
 from . import discovery, paths, process, registry
-from .process import Address, ProgressFn
+from .process import Address
+from .progress import Progress
 
 if TYPE_CHECKING:
     from . import fit as fit_mod
@@ -210,7 +211,7 @@ class ServerManager:
     # -- public -----------------------------------------------------------------------------------------------
 
     def acquire(self, spec: ServerSpec, *, shared: bool = True, keep_alive: float | None = None,
-                start_timeout: float = DEFAULT_START_TIMEOUT, progress: ProgressFn | None = None) -> Lease:
+                start_timeout: float = DEFAULT_START_TIMEOUT, progress: Progress | None = None) -> Lease:
         if keep_alive is None:
             keep_alive = default_keep_alive()
         binary = discovery.find_llama_server(spec.llama_server)
@@ -274,7 +275,7 @@ class ServerManager:
                 entry["idle_since"] = None
 
     def _start(self, key: str, spec: ServerSpec, binary: Path, *, shared: bool, keep_alive: float,
-               start_timeout: float, progress: ProgressFn | None) -> ServerInfo:
+               start_timeout: float, progress: Progress | None) -> ServerInfo:
         from . import fit, gguf
 
         caps = discovery.probe(binary)

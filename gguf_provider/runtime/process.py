@@ -18,9 +18,9 @@ import httpx
 import psutil
 
 from ..errors import ServerStartError
+from .progress import Progress
 
-ProgressFn = Callable[[str, int, int], None]
-"""``progress(stage, done, total)``; stage is "download" (bytes) or "loading" (elapsed ms, 0)."""
+ProgressFn = Progress  # the old name, kept for engine.py until it imports Progress
 
 LOG_TAIL_LINES = 50
 
@@ -145,7 +145,7 @@ def spawn(argv: list[str], log_path: Path, *, private: bool) -> subprocess.Popen
 
 
 def wait_healthy(proc: subprocess.Popen[bytes] | None, pid: int, address: Address, log_path: Path, *,
-                 timeout: float, progress: ProgressFn | None = None) -> None:
+                 timeout: float, progress: Progress | None = None) -> None:
     """Poll ``/health`` until 200; raise ServerStartError with the log tail if the process exits or time runs out."""
     start = time.monotonic()
     delay = 0.02

@@ -17,7 +17,7 @@ from gguf_provider.errors import (
     ModelNotFoundError,
     UnknownQuantError,
 )
-from gguf_provider.runtime import models
+from gguf_provider.runtime.models import hub as models_hub
 from gguf_provider.runtime.models import list_local_models, pull, resolve_model
 from tests.support.hf_endpoint import FixtureFiles, HFEndpoint, file_sha256
 from tests.support.hf_repos import BROKEN, FLAKY, MAIN, ODD, PRIVATE, SPLIT, TOKEN, TRICKY
@@ -130,22 +130,29 @@ def test_offline_not_cached_errors(hub: HFEndpoint, monkeypatch: pytest.MonkeyPa
 
 
 def test_disk_preflight(hub: HFEndpoint, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(models, "_free_disk_bytes", lambda path: 50_000_000)
+    monkeypatch.setattr(models_hub, "_free_disk_bytes", lambda path: 50_000_000)
     with pytest.raises(InsufficientDiskError) as err:
         resolve_model(f"{SPLIT}:Q4_1")
     msg = str(err.value)
     assert "98.4 MB" in msg and "50.0 MB" in msg
     assert not [r for r in hub.requests if r.method == "GET" and "/resolve/" in r.path]
     # Files already complete in the cache do not count: after a download, zero free bytes are enough.
-    monkeypatch.setattr(models, "_free_disk_bytes", lambda path: 10**12)
+    monkeypatch.setattr(models_hub, "_free_disk_bytes", lambda path: 10**12)
     first = resolve_model(f"{SPLIT}:Q4_1")
-    monkeypatch.setattr(models, "_free_disk_bytes", lambda path: 0)
+    monkeypatch.setattr(models_hub, "_free_disk_bytes", lambda path: 0)
     assert resolve_model(f"{SPLIT}:Q4_1") == first
 
 
 def test_progress_callback(hub: HFEndpoint, files: FixtureFiles) -> None:
     calls: list[tuple[int, int, str]] = []
-    m = resolve_model(f"{SPLIT}:Q4_1", progress=lambda d, t, f: calls.append((d, t, f)))
+    stages: set[str] = set()
+
+    def progress(stage: str, done: int, total: int, detail: str = "") -> None:
+        stages.add(stage)
+        calls.append((done, total, detail))
+
+    m = resolve_model(f"{SPLIT}:Q4_1", progress=progress)
+    assert stages == {"download"}
     total = m.size_bytes
     assert calls and all(t == total for _, t, _ in calls)
     assert calls[-1][0] == total
@@ -223,7 +230,7 @@ def test_engine_progress_reports_download_then_loading(hub: HFEndpoint) -> None:
 
     seen: list[tuple[str, int, int]] = []
     engine = Engine(EngineConfig(repo=MAIN, quant="Q8_0", n_ctx=512, shared=False,
-                                 progress=lambda stage, done, total: seen.append((stage, done, total))))
+                                 progress=lambda stage, done, total, detail="": seen.append((stage, done, total))))
     try:
         engine.load()
     finally:
