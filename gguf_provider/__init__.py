@@ -17,6 +17,7 @@ from .errors import (
     InsufficientDiskError,
     InsufficientMemoryError,
     MissingShardError,
+    ModelDownloadError,
     ModelError,
     ModelNotFoundError,
     ServerConnectionError,
@@ -60,10 +61,17 @@ def load_ipython_extension(ipython: Any) -> None:
     _load(ipython)
 
 
+def unload_ipython_extension(ipython: Any) -> None:
+    """``%unload_ext gguf_provider``: give back every model's lease and remove the magics."""
+    from .magics import unload_ipython_extension as _unload
+
+    _unload(ipython)
+
+
 __all__ = [
     "APIError", "BinaryNotFoundError", "BuildError", "ChatGGUF", "ContextOverflowError", "GGUF", "GGUFEmbedding",
     "GGUFEmbeddings",
     "GGUFFormatError", "GGUFProviderError", "InsufficientDiskError", "InsufficientMemoryError", "MissingShardError",
-    "ModelError", "ModelNotFoundError", "ServerConnectionError", "ServerCrashedError", "ServerError",
+    "ModelDownloadError", "ModelError", "ModelNotFoundError", "ServerConnectionError", "ServerCrashedError", "ServerError",
     "ServerStartError", "ServerTimeoutError", "UnknownQuantError", "__version__",
 ]

@@ -15,6 +15,7 @@ import warnings
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, model_validator
+from typing_extensions import Self
 
 from . import chat
 from .engine import API_KEY_ENV, DEFAULT_TIMEOUT, Engine, EngineConfig, Transport, env_api_key
@@ -36,9 +37,17 @@ def _env_api_key_secret() -> SecretStr | None:
 class _Options(BaseModel):
     model_config = ConfigDict(populate_by_name=True, protected_namespaces=(), arbitrary_types_allowed=True)
 
+    # The field that takes unknown keyword arguments, by the framework's convention (see the extras below).
+    _extras_field: ClassVar[str | None] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _forward_unknown(cls, values: Any) -> Any:
+        return forward_unknown(cls, values, cls._extras_field) if cls._extras_field else values
+
     def extra_body(self) -> dict[str, Any]:
         """Fields sent as they are in every request body (the framework's ``model_kwargs`` and the like)."""
-        return {}
+        return dict(getattr(self, self._extras_field)) if self._extras_field else {}
 
 
 class ModelOptions(_Options):
@@ -171,6 +180,11 @@ class EngineOptions(ModelOptions, ServerOptions, ClientOptions):
             self._engine = Engine(self.engine_config(), transport=self._http_transport())
         return self._engine
 
+    def load(self) -> Self:
+        """Start (or attach to) the server now instead of on first use."""
+        self.engine.load()
+        return self
+
     def unload(self) -> None:
         """Give back this object's lease on its server: the server stops after ``keep_alive`` once no client
         holds it."""
@@ -220,6 +234,9 @@ class EmbeddingOptions(EngineOptions):
 
 # --- unknown keyword arguments: each framework's convention, never silent ---------------------------------------
 
+_EXTRAS_DESCRIPTION = ("Extra fields sent in every request body (llama-server takes more than the named options, e.g. "
+                       "`dry_multiplier`). Unknown constructor arguments land here, with a warning.")
+
 
 def forward_unknown(cls: type[BaseModel], values: Any, target: str) -> Any:
     """Move the keys of ``values`` that name no field of ``cls`` into ``values[target]``, warning about each with
@@ -250,30 +267,12 @@ def forward_unknown(cls: type[BaseModel], values: Any, target: str) -> Any:
 class LangChainExtras(_Options):
     """LangChain's convention: unknown keyword arguments land in ``model_kwargs`` (with a warning)."""
 
-    model_kwargs: dict[str, Any] = Field(default_factory=dict, description=(
-        "Extra fields sent in every request body (llama-server takes more than the named options, e.g. "
-        "`dry_multiplier`). Unknown constructor arguments land here, with a warning."))
-
-    @model_validator(mode="before")
-    @classmethod
-    def _forward_unknown(cls, values: Any) -> Any:
-        return forward_unknown(cls, values, "model_kwargs")
-
-    def extra_body(self) -> dict[str, Any]:
-        return dict(self.model_kwargs)
+    _extras_field: ClassVar[str | None] = "model_kwargs"
+    model_kwargs: dict[str, Any] = Field(default_factory=dict, description=_EXTRAS_DESCRIPTION)
 
 
 class LlamaIndexExtras(_Options):
     """LlamaIndex's convention: unknown keyword arguments land in ``additional_kwargs`` (with a warning)."""
 
-    additional_kwargs: dict[str, Any] = Field(default_factory=dict, description=(
-        "Extra fields sent in every request body (llama-server takes more than the named options, e.g. "
-        "`dry_multiplier`). Unknown constructor arguments land here, with a warning."))
-
-    @model_validator(mode="before")
-    @classmethod
-    def _forward_unknown(cls, values: Any) -> Any:
-        return forward_unknown(cls, values, "additional_kwargs")
-
-    def extra_body(self) -> dict[str, Any]:
-        return dict(self.additional_kwargs)
+    _extras_field: ClassVar[str | None] = "additional_kwargs"
+    additional_kwargs: dict[str, Any] = Field(default_factory=dict, description=_EXTRAS_DESCRIPTION)

@@ -24,6 +24,7 @@ from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import BaseModel, Field, PrivateAttr
+from typing_extensions import Self
 
 from .. import chat
 from ..engine import API_KEY_ENV, Engine
@@ -69,7 +70,7 @@ class ChatGGUF(BaseChatModel, ChatOptions, LangChainExtras):
 
     # --- engine -----------------------------------------------------------------------------------------------
 
-    def load(self) -> ChatGGUF:
+    def load(self) -> Self:
         """Start (or attach to) the server now instead of on first use."""
         info = self.engine.load()
         self.profile = {"max_input_tokens": info.n_ctx,

@@ -22,11 +22,6 @@ class GGUFEmbeddings(EmbeddingOptions, LangChainExtras, Embeddings):
 
     batch_size: int = Field(default=32, description="Texts sent per request.")
 
-    def load(self) -> GGUFEmbeddings:
-        """Start (or attach to) the server now instead of on first use."""
-        self.engine.load()
-        return self
-
     def _batches(self, texts: list[str]) -> list[list[str]]:
         n = max(1, self.batch_size)
         return [texts[i:i + n] for i in range(0, len(texts), n)]

@@ -36,11 +36,6 @@ class GGUFEmbedding(BaseEmbedding, EmbeddingOptions, LlamaIndexExtras):
     def class_name(cls) -> str:
         return "GGUFEmbedding"
 
-    def load(self) -> GGUFEmbedding:
-        """Start (or attach to) the server now instead of on first use."""
-        self.engine.load()
-        return self
-
     def _query(self, text: str) -> str:
         return f"{self.query_instruction}{text}" if self.query_instruction else text
 

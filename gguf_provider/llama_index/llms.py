@@ -67,11 +67,6 @@ class GGUF(FunctionCallingLLM, ChatOptions, LlamaIndexExtras):
     def class_name(cls) -> str:
         return "GGUF"
 
-    def load(self) -> GGUF:
-        """Start (or attach to) the server now instead of on first use."""
-        self.engine.load()
-        return self
-
     @property
     def metadata(self) -> LLMMetadata:
         engine = self.engine

@@ -1,0 +1,174 @@
+"""The four adapters end to end over recorded llama-server answers (scripts/capture_replays.py, our build): sync
+and async, streamed and whole, plus the one error guard: a transport failure is the same typed error on every
+path. No binary, no model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from langchain_core.messages import AIMessageChunk
+from langchain_core.tools import tool
+from llama_index.core.base.llms.types import ChatMessage
+
+from gguf_provider import ChatGGUF, GGUFEmbeddings, ServerConnectionError, ServerTimeoutError
+from gguf_provider.llama_index import GGUF, GGUFEmbedding
+from tests.support.replay import BASE_URL, Replay, load_replay
+
+USER = [ChatMessage(role="user", content="Say hi")]
+
+
+@pytest.fixture
+def chat_replay() -> Replay:
+    return load_replay("smollm2_chat")
+
+
+def _recorded_text(replay: Replay) -> str:
+    """The reply text as the recorded stream carries it."""
+    import json
+
+    body = next(ex["body"] for ex in replay.exchanges if ex["path"] == "/v1/chat/completions")
+    text = []
+    for line in body.splitlines():
+        if line.startswith("data: {"):
+            for choice in json.loads(line[6:]).get("choices") or ():
+                text.append((choice.get("delta") or {}).get("content") or "")
+    return "".join(text)
+
+
+def test_chatgguf_stream_and_invoke(chat_replay: Replay) -> None:
+    llm = ChatGGUF(base_url=BASE_URL, transport=chat_replay.transport)
+    chunks = list(llm.stream("Say hi"))
+    assert "".join(str(c.content) for c in chunks) == _recorded_text(chat_replay)
+    last = chunks[-1]
+    assert isinstance(last, AIMessageChunk) and last.chunk_position == "last"
+    assert last.usage_metadata and last.usage_metadata["output_tokens"] > 0
+    assert last.response_metadata["finish_reason"] in ("stop", "length")
+    assert llm.invoke("Say hi").content == _recorded_text(chat_replay)
+
+
+async def test_chatgguf_astream_and_ainvoke(chat_replay: Replay) -> None:
+    llm = ChatGGUF(base_url=BASE_URL, transport=chat_replay.transport)
+    text = "".join([str(c.content) async for c in llm.astream("Say hi")])
+    assert text == _recorded_text(chat_replay)
+    assert (await llm.ainvoke("Say hi")).content == text
+
+
+def test_gguf_chat_and_stream(chat_replay: Replay) -> None:
+    llm = GGUF(base_url=BASE_URL, transport=chat_replay.transport)
+    assert llm.chat(USER).message.content == _recorded_text(chat_replay)
+    responses = list(llm.stream_chat(USER))
+    assert "".join(r.delta or "" for r in responses) == _recorded_text(chat_replay)
+    assert responses[-1].raw and responses[-1].raw["finish_reason"] in ("stop", "length")
+    assert llm.metadata.context_window > 0 and llm.metadata.is_chat_model
+
+
+async def test_gguf_achat_and_astream(chat_replay: Replay) -> None:
+    llm = GGUF(base_url=BASE_URL, transport=chat_replay.transport)
+    assert (await llm.achat(USER)).message.content == _recorded_text(chat_replay)
+    text = "".join([r.delta or "" async for r in await llm.astream_chat(USER)])
+    assert text == _recorded_text(chat_replay)
+
+
+def test_tool_call_stream_becomes_tool_calls() -> None:
+    """The recorded Qwen reply writes the call as fenced JSON in content (the server parsed no tool call):
+    healing turns it into a real one in both adapters."""
+    replay = load_replay("qwen_tool_call")
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Current weather of a city."""
+        return "sunny"
+
+    llm = ChatGGUF(base_url=BASE_URL, transport=replay.transport)
+    reply = llm.bind_tools([get_weather]).invoke("Weather in Rome?")
+    assert [(c["name"], sorted(c["args"])) for c in reply.tool_calls] == [("get_weather", ["city"])]
+    li = GGUF(base_url=BASE_URL, transport=replay.transport)
+    response = li.chat([ChatMessage(role="user", content="Weather in Rome?")], tools=replay.bodies(
+        "/v1/chat/completions")[-1]["tools"])
+    assert [s.tool_name for s in li.get_tool_calls_from_response(response)] == ["get_weather"]
+
+
+async def test_embeddings_sync_and_async() -> None:
+    replay = load_replay("smollm2_embeddings")
+    lc = GGUFEmbeddings(base_url=BASE_URL, transport=replay.transport)
+    li = GGUFEmbedding(base_url=BASE_URL, transport=replay.transport)
+    vectors = lc.embed_documents(["hello", "world"])
+    assert vectors == await lc.aembed_documents(["hello", "world"])
+    assert vectors == li.get_text_embedding_batch(["hello", "world"])
+    assert vectors == await li.aget_text_embedding_batch(["hello", "world"])
+    assert len(vectors) == 2 and vectors[0] != vectors[1]
+
+
+# --- one error guard: the same typed error on every path ------------------------------------------------------
+
+
+def _failing(chat_replay: Replay, exc: Exception) -> httpx.MockTransport:
+    """The recorded server for /props, but every generation request fails in the transport."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path in ("/v1/chat/completions", "/v1/embeddings", "/apply-template", "/tokenize"):
+            raise exc
+        return chat_replay(request)
+
+    return httpx.MockTransport(handler)
+
+
+FAILURES = [(httpx.ConnectError("connection refused"), ServerConnectionError),
+            (httpx.RemoteProtocolError("peer closed connection"), ServerConnectionError),
+            (httpx.ReadTimeout("timed out"), ServerTimeoutError)]
+
+
+@pytest.mark.parametrize(("exc", "expected"), FAILURES, ids=lambda v: type(v).__name__)
+async def test_langchain_paths_raise_the_same_type(chat_replay: Replay, exc: Exception,
+                                                   expected: type[Exception]) -> None:
+    llm = ChatGGUF(base_url=BASE_URL, transport=_failing(chat_replay, exc), max_retries=0)
+    calls: list[Any] = [lambda: llm.invoke("hi"), lambda: list(llm.stream("hi"))]
+    for call in calls:
+        with pytest.raises(expected):
+            call()
+    with pytest.raises(expected):
+        await llm.ainvoke("hi")
+    with pytest.raises(expected):
+        [c async for c in llm.astream("hi")]
+
+
+@pytest.mark.parametrize(("exc", "expected"), FAILURES, ids=lambda v: type(v).__name__)
+async def test_llama_index_paths_raise_the_same_type(chat_replay: Replay, exc: Exception,
+                                                     expected: type[Exception]) -> None:
+    llm = GGUF(base_url=BASE_URL, transport=_failing(chat_replay, exc), max_retries=0)
+    with pytest.raises(expected):
+        llm.chat(USER)
+    with pytest.raises(expected):
+        list(llm.stream_chat(USER))
+    with pytest.raises(expected):
+        await llm.achat(USER)
+    with pytest.raises(expected):
+        [r async for r in await llm.astream_chat(USER)]
+
+
+@pytest.mark.parametrize(("exc", "expected"), FAILURES, ids=lambda v: type(v).__name__)
+async def test_embedding_paths_raise_the_same_type(chat_replay: Replay, exc: Exception,
+                                                   expected: type[Exception]) -> None:
+    for emb in (GGUFEmbeddings(base_url=BASE_URL, transport=_failing(chat_replay, exc), max_retries=0),
+                GGUFEmbedding(base_url=BASE_URL, transport=_failing(chat_replay, exc), max_retries=0)):
+        with pytest.raises(expected):
+            emb.embed_query("hi") if isinstance(emb, GGUFEmbeddings) else emb.get_query_embedding("hi")
+        with pytest.raises(expected):
+            await (emb.aembed_query("hi") if isinstance(emb, GGUFEmbeddings) else emb.aget_query_embedding("hi"))
+
+
+def test_retries_repeat_a_failed_call_then_raise(chat_replay: Replay) -> None:
+    attempts = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/chat/completions":
+            attempts.append(1)
+            raise httpx.ConnectError("refused")
+        return chat_replay(request)
+
+    llm = ChatGGUF(base_url=BASE_URL, transport=httpx.MockTransport(handler), max_retries=2, max_tokens=5)
+    with pytest.raises(ServerConnectionError):
+        llm.invoke("hi")
+    assert len(attempts) == 3  # the call and two retries, all in Engine.retrying
