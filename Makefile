@@ -6,7 +6,7 @@ VENV   := .venv
 VPY    := $(VENV)/bin/python
 CLI    := $(VENV)/bin/gguf-provider
 
-.PHONY: demo test setup-demo setup-test bench lint clean-venv
+.PHONY: demo test unit setup-demo setup-test bench lint clean-venv
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
@@ -22,19 +22,31 @@ $(VENV)/.stamp-test: pyproject.toml | $(VPY)
 
 setup-demo: $(VENV)/.stamp-demo
 	$(CLI) server install
-	$(VPY) tests/support/test_models.py smollm2
+	$(VPY) scripts/test_models.py smollm2
 
 setup-test: $(VENV)/.stamp-test
 	$(CLI) server install
-	$(VPY) tests/support/test_models.py all
+	$(VPY) scripts/test_models.py all
 
 demo: setup-demo
 	$(VPY) integrations/langchain_chat.py
 
-test: setup-test
+# Lint, then the unit tests on a machine state with no llama-server and no models (run before any set-up, in a fresh
+# empty home), then the set-up and the integration and reliability tests against the real server and models.
+test: $(VENV)/.stamp-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(VENV)/bin/pytest
+	$(MAKE) --no-print-directory unit
+	$(MAKE) --no-print-directory setup-test
+	$(VENV)/bin/pytest tests --ignore=tests/unit_tests
+
+# tests/unit_tests alone, offline, in seconds: an empty temp dir as home, no configured llama-server, no index.
+unit: $(VENV)/.stamp-test
+	@tmp=$$(mktemp -d) && echo "unit tests: empty home $$tmp, no llama-server, no models, offline" && \
+	env -u GGUF_PROVIDER_LLAMA_SERVER -u LLAMA_SERVER_PATH -u GGUF_PROVIDER_MODELS -u GGUF_PROVIDER_RUNTIME_DIR \
+	    HOME=$$tmp GGUF_PROVIDER_HOME=$$tmp/gguf-provider HF_HOME=$$tmp/hf HF_HUB_OFFLINE=1 PIP_NO_INDEX=1 \
+	    $(CURDIR)/$(VENV)/bin/pytest -q tests/unit_tests; \
+	rc=$$?; rm -rf $$tmp; exit $$rc
 
 $(VENV)/.stamp-bench: pyproject.toml | $(VPY)
 	$(VPY) -m pip install -q -e ".[all,test,bench]"
@@ -43,7 +55,7 @@ $(VENV)/.stamp-bench: pyproject.toml | $(VPY)
 # Benchmarks (not part of `make test`): writes docs/benchmarks.md, docs/benchmarks.png and bench/results.json.
 bench: $(VENV)/.stamp-bench
 	$(CLI) server install
-	$(VPY) tests/support/test_models.py smollm2 qwen
+	$(VPY) scripts/test_models.py smollm2 qwen
 	$(VPY) bench/run.py
 
 lint: $(VENV)/.stamp-test

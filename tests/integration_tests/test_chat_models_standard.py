@@ -15,7 +15,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_tests.integration_tests import ChatModelIntegrationTests
 
 from gguf_provider.langchain import ChatGGUF
-from tests.support.test_models import ensure
+from scripts.test_models import ensure
 
 pytestmark = pytest.mark.slow
 

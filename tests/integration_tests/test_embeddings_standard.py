@@ -12,7 +12,7 @@ import pytest
 from langchain_tests.integration_tests import EmbeddingsIntegrationTests
 
 from gguf_provider.langchain import GGUFEmbeddings
-from tests.support.test_models import ensure
+from scripts.test_models import ensure
 
 pytestmark = pytest.mark.slow
 

@@ -46,7 +46,7 @@ def _assert_no_server_left(out: str) -> None:
 
 @pytest.fixture(scope="module", autouse=True)
 def _models() -> None:
-    from tests.support.test_models import ensure
+    from scripts.test_models import ensure
 
     ensure("smollm2")
     ensure("qwen")

@@ -7,7 +7,7 @@ import pytest
 from gguf_provider.engine import Engine, EngineConfig
 from gguf_provider.errors import ServerConnectionError
 from gguf_provider.runtime.manager import props_n_ctx
-from tests.support.runtime import RuntimeEnv, rt  # noqa: F401
+from tests.support.runtime import RuntimeEnv
 
 pytestmark = pytest.mark.slow
 
@@ -15,7 +15,7 @@ CHAT = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8
 
 
 @pytest.mark.timeout(120)
-def test_attach_over_http_with_key_and_over_a_socket(rt: RuntimeEnv, free_tcp_port: int) -> None:  # noqa: F811
+def test_attach_over_http_with_key_and_over_a_socket(rt: RuntimeEnv, free_tcp_port: int) -> None:
     tcp = Engine(EngineConfig(model_path=str(rt.model), n_ctx=2048, port=free_tcp_port))
     sock = Engine(EngineConfig(model_path=str(rt.model), n_ctx=1024))
     try:

@@ -13,13 +13,13 @@ import pytest
 
 from gguf_provider.runtime import manager as mgr
 from gguf_provider.runtime import registry
-from tests.support.runtime import RuntimeEnv, pid_alive, rt, wait_until  # noqa: F401
+from tests.support.runtime import RuntimeEnv, pid_alive, wait_until
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.mark.timeout(120)
-def test_kill9_of_only_client_watchdog_stops_shared_server(rt: RuntimeEnv) -> None:  # noqa: F811
+def test_kill9_of_only_client_watchdog_stops_shared_server(rt: RuntimeEnv) -> None:
     c = rt.child(chat=False)
     r = c.read_json()
     assert "error" not in r, r
@@ -34,7 +34,7 @@ def test_kill9_of_only_client_watchdog_stops_shared_server(rt: RuntimeEnv) -> No
 
 
 @pytest.mark.timeout(120)
-def test_kill9_of_only_client_next_manager_start_sweeps_orphan(rt: RuntimeEnv) -> None:  # noqa: F811
+def test_kill9_of_only_client_next_manager_start_sweeps_orphan(rt: RuntimeEnv) -> None:
     c = rt.child(chat=False)
     r = c.read_json()
     assert "error" not in r, r
@@ -60,7 +60,7 @@ def test_kill9_of_only_client_next_manager_start_sweeps_orphan(rt: RuntimeEnv) -
 
 
 @pytest.mark.timeout(120)
-def test_kill9_of_private_server_owner_kills_server_within_2s(rt: RuntimeEnv) -> None:  # noqa: F811
+def test_kill9_of_private_server_owner_kills_server_within_2s(rt: RuntimeEnv) -> None:
     c = rt.child(chat=False, shared=False)
     r = c.read_json()
     assert "error" not in r, r
@@ -76,7 +76,7 @@ def test_kill9_of_private_server_owner_kills_server_within_2s(rt: RuntimeEnv) ->
 
 
 @pytest.mark.timeout(120)
-def test_foreign_server_survives_sweeps_and_stop_all(rt: RuntimeEnv) -> None:  # noqa: F811
+def test_foreign_server_survives_sweeps_and_stop_all(rt: RuntimeEnv) -> None:
     sock = rt.run_dir / "foreign.sock"
     foreign = subprocess.Popen(
         [str(rt.binary), "-m", str(rt.model), "-c", "512", "--alias", "foreign-server", "--host", str(sock)],

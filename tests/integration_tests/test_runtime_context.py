@@ -9,7 +9,7 @@ import pytest
 
 from gguf_provider.client import EngineClient, Usage
 from gguf_provider.engine import Engine, EngineConfig
-from tests.support.runtime import RuntimeEnv, rt  # noqa: F401
+from tests.support.runtime import RuntimeEnv
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +23,7 @@ def _server_n_ctx(engine: Engine) -> int:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("n_ctx", [2048, 1000, None])
-def test_effective_context_is_props_n_ctx(rt: RuntimeEnv, n_ctx: int | None) -> None:  # noqa: F811
+def test_effective_context_is_props_n_ctx(rt: RuntimeEnv, n_ctx: int | None) -> None:
     engine = Engine(EngineConfig(model_path=str(rt.model), n_ctx=n_ctx))
     try:
         served = _server_n_ctx(engine)
@@ -36,7 +36,7 @@ def test_effective_context_is_props_n_ctx(rt: RuntimeEnv, n_ctx: int | None) -> 
 
 
 @pytest.mark.timeout(180)
-def test_max_tokens_sent_never_exceeds_room(rt: RuntimeEnv, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+def test_max_tokens_sent_never_exceeds_room(rt: RuntimeEnv, monkeypatch: pytest.MonkeyPatch) -> None:
     sent: list[dict[str, Any]] = []
     real_chat, real_stream = EngineClient.chat, EngineClient.stream_chat
 

@@ -22,21 +22,21 @@ from gguf_provider.errors import (
     ServerStartError,
 )
 from gguf_provider.runtime import manager as mgr
-from tests.support.runtime import RuntimeEnv, rt  # noqa: F401
+from tests.support.runtime import RuntimeEnv
 
 pytestmark = pytest.mark.slow
 
 CHAT = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
 
 
-def _nothing_started(rt: RuntimeEnv) -> None:  # noqa: F811
+def _nothing_started(rt: RuntimeEnv) -> None:
     assert rt.servers() == []
     assert rt.registry() == {}
     assert not list(rt.run_dir.glob("*.log")), "no server may have been spawned"
 
 
 @pytest.mark.timeout(60)
-def test_non_gguf_file_is_refused_before_spawn(rt: RuntimeEnv, tmp_path: Path) -> None:  # noqa: F811
+def test_non_gguf_file_is_refused_before_spawn(rt: RuntimeEnv, tmp_path: Path) -> None:
     bad = tmp_path / "notes.gguf"
     bad.write_text("these are my notes, not a model\n" * 10)
     t0 = time.monotonic()
@@ -49,7 +49,7 @@ def test_non_gguf_file_is_refused_before_spawn(rt: RuntimeEnv, tmp_path: Path) -
 
 
 @pytest.mark.timeout(60)
-def test_file_truncated_in_header_is_refused_before_spawn(rt: RuntimeEnv, tmp_path: Path) -> None:  # noqa: F811
+def test_file_truncated_in_header_is_refused_before_spawn(rt: RuntimeEnv, tmp_path: Path) -> None:
     cut = tmp_path / "cut.gguf"
     with open(rt.model, "rb") as f:
         cut.write_bytes(f.read(300_000))  # inside the tokenizer's arrays
@@ -59,7 +59,7 @@ def test_file_truncated_in_header_is_refused_before_spawn(rt: RuntimeEnv, tmp_pa
 
 
 @pytest.mark.timeout(60)
-def test_file_truncated_in_tensor_data_is_a_format_error(rt: RuntimeEnv, tmp_path: Path) -> None:  # noqa: F811
+def test_file_truncated_in_tensor_data_is_a_format_error(rt: RuntimeEnv, tmp_path: Path) -> None:
     cut = tmp_path / "cut.gguf"
     with open(rt.model, "rb") as f:
         cut.write_bytes(f.read(rt.model.stat().st_size * 6 // 10))
@@ -89,7 +89,7 @@ def split_model(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) ->
 
 
 @pytest.mark.timeout(60)
-def test_missing_shard(rt: RuntimeEnv, split_model: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_missing_shard(rt: RuntimeEnv, split_model: Path, tmp_path: Path) -> None:
     d = tmp_path / "partial"
     d.mkdir()
     for shard in split_model.parent.glob("smol-*.gguf"):
@@ -101,7 +101,7 @@ def test_missing_shard(rt: RuntimeEnv, split_model: Path, tmp_path: Path) -> Non
 
 
 @pytest.mark.timeout(90)
-def test_prompt_longer_than_context_is_refused_before_generation(rt: RuntimeEnv,  # noqa: F811
+def test_prompt_longer_than_context_is_refused_before_generation(rt: RuntimeEnv,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     sent: list[dict[str, Any]] = []
     real_chat, real_stream = EngineClient.chat, EngineClient.stream_chat
@@ -136,7 +136,7 @@ def test_prompt_longer_than_context_is_refused_before_generation(rt: RuntimeEnv,
 
 
 @pytest.mark.timeout(60)
-def test_dead_base_url_fails_fast(rt: RuntimeEnv) -> None:  # noqa: F811
+def test_dead_base_url_fails_fast(rt: RuntimeEnv) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -148,7 +148,7 @@ def test_dead_base_url_fails_fast(rt: RuntimeEnv) -> None:  # noqa: F811
 
 
 @pytest.mark.timeout(60)
-def test_base_url_that_never_answers_times_out(rt: RuntimeEnv) -> None:  # noqa: F811
+def test_base_url_that_never_answers_times_out(rt: RuntimeEnv) -> None:
     with socket.socket() as s:  # listens (the kernel accepts connections) but never reads or answers
         s.bind(("127.0.0.1", 0))
         s.listen(8)
@@ -160,7 +160,7 @@ def test_base_url_that_never_answers_times_out(rt: RuntimeEnv) -> None:  # noqa:
 
 
 @pytest.mark.timeout(60)
-def test_server_that_exits_at_start(rt: RuntimeEnv) -> None:  # noqa: F811
+def test_server_that_exits_at_start(rt: RuntimeEnv) -> None:
     t0 = time.monotonic()
     with pytest.raises(ServerStartError, match="exited with code") as ei:
         Engine(EngineConfig(model_path=str(rt.model), n_ctx=2048,

@@ -7,13 +7,13 @@ import time
 
 import pytest
 
-from tests.support.runtime import RuntimeEnv, pid_alive, rt, wait_until  # noqa: F401
+from tests.support.runtime import RuntimeEnv, pid_alive, wait_until
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.mark.timeout(120)
-def test_two_processes_share_one_server_and_leave_nothing(rt: RuntimeEnv) -> None:  # noqa: F811
+def test_two_processes_share_one_server_and_leave_nothing(rt: RuntimeEnv) -> None:
     a, b = rt.child(), rt.child()
     ra, rb = a.read_json(), b.read_json()
     assert "error" not in ra and "error" not in rb, (ra, rb)
@@ -37,7 +37,7 @@ def test_two_processes_share_one_server_and_leave_nothing(rt: RuntimeEnv) -> Non
 
 
 @pytest.mark.timeout(180)
-def test_eight_racing_processes_start_exactly_one_server(rt: RuntimeEnv) -> None:  # noqa: F811
+def test_eight_racing_processes_start_exactly_one_server(rt: RuntimeEnv) -> None:
     children = [rt.child(chat=False, wait_go=True) for _ in range(8)]
     for c in children:
         assert "ready" in c.read_json(timeout=60)
@@ -60,7 +60,7 @@ def test_eight_racing_processes_start_exactly_one_server(rt: RuntimeEnv) -> None
 
 
 @pytest.mark.timeout(120)
-def test_keep_alive_keeps_the_server_warm_then_stops_it(rt: RuntimeEnv) -> None:  # noqa: F811
+def test_keep_alive_keeps_the_server_warm_then_stops_it(rt: RuntimeEnv) -> None:
     """keep_alive > 0: after the last lease goes the server stays for the next client, then stops by itself."""
     a = rt.child(keep_alive=6, chat=False)
     ra = a.read_json()
@@ -78,7 +78,7 @@ def test_keep_alive_keeps_the_server_warm_then_stops_it(rt: RuntimeEnv) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_keep_alive_forever_survives_a_killed_client_until_stopped(rt: RuntimeEnv) -> None:  # noqa: F811
+def test_keep_alive_forever_survives_a_killed_client_until_stopped(rt: RuntimeEnv) -> None:
     """keep_alive=-1: the server outlives even a kill -9 of its only client; `gguf-provider stop --all` ends it."""
     a = rt.child(keep_alive=-1, chat=False)
     ra = a.read_json()

@@ -13,12 +13,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script from a checkout
+
+from gguf_provider.runtime.paths import home
+
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from gguf_provider.runtime.paths import home  # noqa: E402
-
 DOC = ROOT / "docs" / "reliability.md"
 START, END = "<!-- figures:start (tests/reliability/report.py) -->", "<!-- figures:end -->"
 

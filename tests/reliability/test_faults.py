@@ -15,7 +15,7 @@ from gguf_provider.errors import ServerCrashedError, ServerTimeoutError
 from gguf_provider.runtime import manager as mgr
 from gguf_provider.runtime import registry
 from tests.reliability.report import write_report
-from tests.support.runtime import RuntimeEnv, pid_alive, rt, wait_until  # noqa: F401
+from tests.support.runtime import RuntimeEnv, pid_alive, wait_until
 
 FIGURES: dict[str, dict[str, object]] = {}  # scenario -> measured figures, written to reliability-faults.json
 
@@ -33,7 +33,7 @@ LONG = {"messages": [{"role": "user", "content": "Write a very long story about 
 
 
 @pytest.mark.timeout(120)
-def test_kill9_mid_stream_raises_crashed_then_recovers(rt: RuntimeEnv) -> None:  # noqa: F811
+def test_kill9_mid_stream_raises_crashed_then_recovers(rt: RuntimeEnv) -> None:
     engine = Engine(EngineConfig(model_path=str(rt.model), n_ctx=2048, timeout=60))
     try:
         pid = engine.info.pid
@@ -67,7 +67,7 @@ def test_kill9_mid_stream_raises_crashed_then_recovers(rt: RuntimeEnv) -> None: 
 
 
 @pytest.mark.timeout(120)
-def test_hung_server_times_out_never_hangs(rt: RuntimeEnv) -> None:  # noqa: F811
+def test_hung_server_times_out_never_hangs(rt: RuntimeEnv) -> None:
     engine = Engine(EngineConfig(model_path=str(rt.model), n_ctx=2048, timeout=3))
     pid = engine.info.pid
     os.kill(pid, signal.SIGSTOP)
@@ -107,7 +107,7 @@ def test_hung_server_times_out_never_hangs(rt: RuntimeEnv) -> None:  # noqa: F81
 
 
 @pytest.mark.timeout(120)
-def test_corrupted_registry_is_recovered_on_next_use(rt: RuntimeEnv) -> None:  # noqa: F811
+def test_corrupted_registry_is_recovered_on_next_use(rt: RuntimeEnv) -> None:
     path = registry.registry_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"\x00{not json at all\xff")
@@ -127,7 +127,7 @@ def test_corrupted_registry_is_recovered_on_next_use(rt: RuntimeEnv) -> None:  #
 
 
 @pytest.mark.timeout(120)
-def test_corrupted_registry_does_not_orphan_a_running_server(rt: RuntimeEnv) -> None:  # noqa: F811
+def test_corrupted_registry_does_not_orphan_a_running_server(rt: RuntimeEnv) -> None:
     c = rt.child(chat=False)
     r = c.read_json()
     assert "error" not in r, r
@@ -150,7 +150,7 @@ def test_corrupted_registry_does_not_orphan_a_running_server(rt: RuntimeEnv) -> 
 
 
 @pytest.mark.timeout(120)
-def test_registry_locked_by_a_dead_process_is_recovered(rt: RuntimeEnv) -> None:  # noqa: F811
+def test_registry_locked_by_a_dead_process_is_recovered(rt: RuntimeEnv) -> None:
     """A client killed while holding the registry lock: the kernel drops its flock, the next user goes on."""
     import subprocess
     import sys

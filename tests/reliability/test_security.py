@@ -13,7 +13,7 @@ import pytest
 
 from gguf_provider.engine import Engine, EngineConfig
 from gguf_provider.runtime import registry
-from tests.support.runtime import RuntimeEnv, rt  # noqa: F401
+from tests.support.runtime import RuntimeEnv
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,7 @@ def _props_n_ctx(h: httpx.Client) -> int:
 
 
 @pytest.mark.timeout(90)
-def test_socket_mode_private_files_and_scrubbed_env(rt: RuntimeEnv, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+def test_socket_mode_private_files_and_scrubbed_env(rt: RuntimeEnv, monkeypatch: pytest.MonkeyPatch) -> None:
     os.chmod(rt.run_dir, 0o755)  # a lax pre-existing dir is tightened
     monkeypatch.setenv("LLAMA_ARG_CTX_SIZE", "128")
     monkeypatch.setenv("LLAMA_ARG_N_PARALLEL", "3")
@@ -58,7 +58,7 @@ def test_socket_mode_private_files_and_scrubbed_env(rt: RuntimeEnv, monkeypatch:
 
 
 @pytest.mark.timeout(90)
-def test_tcp_mode_requires_the_key_which_is_in_no_argv(rt: RuntimeEnv) -> None:  # noqa: F811
+def test_tcp_mode_requires_the_key_which_is_in_no_argv(rt: RuntimeEnv) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -98,7 +98,7 @@ def test_tcp_mode_requires_the_key_which_is_in_no_argv(rt: RuntimeEnv) -> None: 
 
 
 @pytest.mark.timeout(90)
-def test_port_in_use_picks_another_port(rt: RuntimeEnv) -> None:  # noqa: F811
+def test_port_in_use_picks_another_port(rt: RuntimeEnv) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)

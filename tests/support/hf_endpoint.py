@@ -37,7 +37,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from gguf_provider.runtime import paths
-from tests.support.test_models import ensure
+from scripts.test_models import ensure
 from tests.support.tools import tool_path
 
 # --- fixture files ---------------------------------------------------------------------------------------------

@@ -1,5 +1,8 @@
 """Helpers of the runtime integration tests: an isolated gguf-provider home per test, client child processes,
 process scans, and a safety net that stops whatever a failed test left running.
+
+A pytest plugin (tests/conftest.py's ``pytest_plugins``): tests ask for the ``rt`` fixture by name, without importing
+it; the helpers (``pid_alive``, ``wait_until``, ``RuntimeEnv``) are imported as usual.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""Memory fit on the real test models' headers; only the free-memory numbers are made up.
-
-The expected KV sizes were checked against llama-server's own log lines (``llama_kv_cache: size = ...``) for
-the same files at ``-c 32768 -np 1``: Qwen2.5-0.5B 384.00 MiB; gemma-3-270m 96.00 MiB (32768 cells, 3 layers)
-+ 15.00 MiB (SWA, 1024 cells, 15 layers).
+"""Memory fit on header-only stand-ins of the real test models (tests/support/gguf_bytes.py: their metadata and
+sizes, checked against the real files by tests/integration_tests/test_gguf_real.py, which also compares the KV sizes
+with llama-server's own log); only the free-memory numbers are made up.
 """
 
 from __future__ import annotations
@@ -28,16 +26,13 @@ from gguf_provider.runtime.fit import (
     recurrent_state_bytes,
 )
 from gguf_provider.runtime.gguf import GGUFHeader, read_header
-from tests.support.test_models import ensure
+from tests.support.gguf_bytes import STANDINS
 
 
 @pytest.fixture(scope="module")
-def headers() -> dict[str, tuple[GGUFHeader, int]]:
-    out = {}
-    for key in ("smollm2", "qwen", "gemma"):
-        path = ensure(key)
-        out[key] = (read_header(path), path.stat().st_size)
-    return out
+def headers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[GGUFHeader, int]]:
+    d = tmp_path_factory.mktemp("standins")
+    return {key: (read_header(m.write(d)), m.size) for key, m in STANDINS.items()}
 
 
 def _budget(avail: int) -> float:
@@ -47,7 +42,10 @@ def _budget(avail: int) -> float:
 # --- KV cache ------------------------------------------------------------------------------------------------
 
 
-def test_kv_matches_llama_server(headers: dict[str, tuple[GGUFHeader, int]]) -> None:
+def test_kv_sizes(headers: dict[str, tuple[GGUFHeader, int]]) -> None:
+    """The figures llama-server logs for the real files (``llama_kv_cache: size = ...`` at ``-c 32768 -np 1``):
+    Qwen2.5-0.5B 384.00 MiB; gemma-3-270m 96.00 MiB (32768 cells, 3 layers) + 15.00 MiB (SWA, 1024 cells,
+    15 layers)."""
     assert kv_cache_bytes(headers["qwen"][0], 32768) == 384 * MiB
     assert kv_cache_bytes(headers["gemma"][0], 32768) == (96 + 15) * MiB
     # SmolLM2: 30 layers x 3 kv heads x 64 dims x (K + V) x f16

@@ -1,4 +1,6 @@
-"""resolve_model() for local paths and the models dirs, and the quant/shard rules (no network)."""
+"""resolve_model() for local paths and the models dirs, and the quant/shard rules (offline: the model files are
+header-only GGUFs written by the tests; real split sets of llama-gguf-split are in
+tests/integration_tests/test_models_split.py)."""
 
 from __future__ import annotations
 
@@ -10,26 +12,27 @@ import pytest
 from gguf_provider.errors import MissingShardError, ModelNotFoundError, UnknownQuantError
 from gguf_provider.runtime import models
 from gguf_provider.runtime.models import list_local_models, parse_quant, quant_matches, resolve_model
-from tests.support.test_models import ensure
-from tests.support.tools import tool_path
+from tests.support.gguf_bytes import STANDINS
 
 
 @pytest.fixture(scope="session")
-def real_model() -> Path:
-    return ensure("smollm2")
+def model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A GGUF file named like the SmolLM2 test model (local resolution reads names and sizes, not weights)."""
+    return STANDINS["smollm2"].write(tmp_path_factory.mktemp("model"))
 
 
 @pytest.fixture(scope="session")
-def real_split() -> tuple[Path, ...]:
-    if tool_path("llama-gguf-split") is None or tool_path("llama-quantize") is None:
-        pytest.skip("llama-gguf-split / llama-quantize not built")
-    from tests.support.hf_endpoint import ensure_fixture_files
-
-    return ensure_fixture_files().split
+def split_set(tmp_path_factory: pytest.TempPathFactory, model_file: Path) -> tuple[Path, ...]:
+    """Three shards named as llama-gguf-split names them (``<prefix>-0000N-of-00003.gguf``)."""
+    d = tmp_path_factory.mktemp("split")
+    shards = tuple(d / f"SmolLM2-135M-Instruct-Q4_1-{i:05d}-of-00003.gguf" for i in (1, 2, 3))
+    for i, p in enumerate(shards):
+        p.write_bytes(model_file.read_bytes() + b"\0" * (1000 * i))  # sizes differ: the total is checked
+    return shards
 
 
 @pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real_model: Path) -> Path:
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty gguf-provider home (models dir = <tmp>/home/models); the real files stay where they are."""
     h = tmp_path / "home"
     (h / "models").mkdir(parents=True)
@@ -112,13 +115,13 @@ def test_default_quant_preference(quants: list[str], expected: str) -> None:
 # --- local paths -----------------------------------------------------------------------------------------------
 
 
-def test_path_with_tilde(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real_model: Path) -> None:
+def test_path_with_tilde(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_file: Path) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
-    _link(real_model, tmp_path / "m" / "SmolLM2.Q4_1.gguf")
+    _link(model_file, tmp_path / "m" / "SmolLM2.Q4_1.gguf")
     m = resolve_model("~/m/SmolLM2.Q4_1.gguf")
     assert m.path == tmp_path / "m" / "SmolLM2.Q4_1.gguf" and m.shards == (m.path,)
     assert m.source == "path" and m.quant == "Q4_1" and m.repo is None and m.mmproj is None
-    assert m.size_bytes == real_model.stat().st_size
+    assert m.size_bytes == model_file.stat().st_size
     assert resolve_model(Path(tmp_path / "m" / "SmolLM2.Q4_1.gguf")) == m  # os.PathLike too
 
 
@@ -129,45 +132,45 @@ def test_missing_path(home: Path, tmp_path: Path) -> None:
         resolve_model("./nope/model.gguf")
 
 
-def test_split_set_complete(home: Path, tmp_path: Path, real_split: tuple[Path, ...]) -> None:
-    links = [_link(p, tmp_path / "s" / p.name) for p in real_split]
+def test_split_set_complete(home: Path, tmp_path: Path, split_set: tuple[Path, ...]) -> None:
+    links = [_link(p, tmp_path / "s" / p.name) for p in split_set]
     for given in (links[0], links[1]):  # any shard stands for the whole set
         m = resolve_model(str(given))
         assert m.path == links[0] and m.shards == tuple(links)
-        assert m.size_bytes == sum(p.stat().st_size for p in real_split)
+        assert m.size_bytes == sum(p.stat().st_size for p in split_set)
 
 
-def test_split_set_missing_shard(home: Path, tmp_path: Path, real_split: tuple[Path, ...]) -> None:
-    _link(real_split[0], tmp_path / "s" / real_split[0].name)
-    _link(real_split[2], tmp_path / "s" / real_split[2].name)
+def test_split_set_missing_shard(home: Path, tmp_path: Path, split_set: tuple[Path, ...]) -> None:
+    _link(split_set[0], tmp_path / "s" / split_set[0].name)
+    _link(split_set[2], tmp_path / "s" / split_set[2].name)
     with pytest.raises(MissingShardError) as err:
-        resolve_model(str(tmp_path / "s" / real_split[0].name))
-    assert real_split[1].name in str(err.value) and real_split[2].name not in str(err.value)
+        resolve_model(str(tmp_path / "s" / split_set[0].name))
+    assert split_set[1].name in str(err.value) and split_set[2].name not in str(err.value)
 
 
-def test_local_vision_mmproj(home: Path, tmp_path: Path, real_model: Path) -> None:
-    model = _link(real_model, tmp_path / "v" / "model-Q4_1.gguf")
+def test_local_vision_mmproj(home: Path, tmp_path: Path, model_file: Path) -> None:
+    model = _link(model_file, tmp_path / "v" / "model-Q4_1.gguf")
     with pytest.raises(ModelNotFoundError, match="mmproj"):
         resolve_model(str(model), vision=True)
-    _link(real_model, tmp_path / "v" / "mmproj-model-Q8_0.gguf")
-    proj = _link(real_model, tmp_path / "v" / "mmproj-model-f16.gguf")
+    _link(model_file, tmp_path / "v" / "mmproj-model-Q8_0.gguf")
+    proj = _link(model_file, tmp_path / "v" / "mmproj-model-f16.gguf")
     assert resolve_model(str(model), vision=True).mmproj == proj
 
 
 # --- models dirs -----------------------------------------------------------------------------------------------
 
 
-def test_models_dir_by_stem_case_insensitive(home: Path, real_model: Path) -> None:
-    link = _link(real_model, home / "models" / real_model.name)
+def test_models_dir_by_stem_case_insensitive(home: Path, model_file: Path) -> None:
+    link = _link(model_file, home / "models" / model_file.name)
     for spec in ("SmolLM2-135M-Instruct.Q4_1", "smollm2-135m-instruct.q4_1", "SMOLLM2-135M-INSTRUCT.Q4_1.gguf"):
         m = resolve_model(spec)
         assert m.path == link and m.source == "models-dir" and m.quant == "Q4_1"
 
 
-def test_models_dir_without_quant_suffix(home: Path, real_model: Path) -> None:
-    q4 = _link(real_model, home / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")
+def test_models_dir_without_quant_suffix(home: Path, model_file: Path) -> None:
+    q4 = _link(model_file, home / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")
     assert resolve_model("SmolLM2-135M-Instruct").path == q4
-    q8 = _link(real_model, home / "models" / "sub" / "SmolLM2-135M-Instruct.Q8_0.gguf")
+    q8 = _link(model_file, home / "models" / "sub" / "SmolLM2-135M-Instruct.Q8_0.gguf")
     with pytest.raises(ModelNotFoundError, match="ambiguous") as err:
         resolve_model("smollm2-135m-instruct")
     assert "SmolLM2-135M-Instruct.Q4_1" in str(err.value) and "SmolLM2-135M-Instruct.Q8_0" in str(err.value)
@@ -175,10 +178,10 @@ def test_models_dir_without_quant_suffix(home: Path, real_model: Path) -> None:
     assert resolve_model("SmolLM2-135M-Instruct", quant="q4_1").path == q4
 
 
-def test_env_models_dirs(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real_model: Path) -> None:
+def test_env_models_dirs(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_file: Path) -> None:
     extra1, extra2 = tmp_path / "extra1", tmp_path / "extra2"
     extra1.mkdir()
-    link = _link(real_model, extra2 / "Tiny-Model.Q4_1.gguf")
+    link = _link(model_file, extra2 / "Tiny-Model.Q4_1.gguf")
     monkeypatch.setenv("GGUF_PROVIDER_MODELS", os.pathsep.join([str(extra1), str(extra2)]))
     m = resolve_model("tiny-model")
     assert m.path == link and m.source == "models-dir"
