@@ -25,7 +25,7 @@ from .client import EngineClient
 from .errors import ContextOverflowError, ServerConnectionError, ServerCrashedError
 from .events import Collector, Completion, Event
 from .runtime import manager as mgr
-from .runtime.process import ProgressFn
+from .runtime.progress import Progress
 
 DEFAULT_TIMEOUT = 600.0  # local models can be slow: 30 s defaults are a known complaint
 T = TypeVar("T")
@@ -67,7 +67,7 @@ class EngineConfig:
     start_timeout: float = mgr.DEFAULT_START_TIMEOUT
     offline: bool | None = None
     max_retries: int = 2  # retries of a call whose server crashed or could not be reached
-    progress: ProgressFn | None = field(default=None, compare=False, hash=False)
+    progress: Progress | None = field(default=None, compare=False, hash=False)
 
 
 def resolve_spec(cfg: EngineConfig) -> mgr.ServerSpec:
@@ -78,23 +78,13 @@ def resolve_spec(cfg: EngineConfig) -> mgr.ServerSpec:
     else:
         resolved = resolve_model(cfg.model, repo=cfg.repo, quant=cfg.quant, filename=cfg.filename,
                                  revision=cfg.revision, token=cfg.hf_token, vision=cfg.vision, offline=cfg.offline,
-                                 progress=_download_progress(cfg.progress))
+                                 progress=cfg.progress)
     return mgr.ServerSpec(
         model=resolved.path, shards=tuple(resolved.shards), mmproj=resolved.mmproj, n_ctx=cfg.n_ctx,
         n_gpu_layers=cfg.n_gpu_layers, n_parallel=cfg.n_parallel, embedding=cfg.embedding, pooling=cfg.pooling,
         chat_template=cfg.chat_template, chat_template_file=cfg.chat_template_file,
         reasoning_format=cfg.reasoning_format, rpc_servers=cfg.rpc_servers, server_args=cfg.server_args,
         port=cfg.port, llama_server=cfg.llama_server)
-
-
-def _download_progress(progress: ProgressFn | None) -> Any:
-    if progress is None:
-        return None
-
-    def cb(done: int, total: int, _name: str) -> None:
-        progress("download", done, total)
-
-    return cb
 
 
 class Engine:

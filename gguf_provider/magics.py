@@ -22,9 +22,9 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from . import chat
-from .client import ReasoningDelta, TextDelta, Timings, Usage
 from .engine import Engine, EngineConfig
 from .errors import GGUFProviderError, ServerError
+from .events import ReasoningDelta, TextDelta, Timings, Usage
 
 _UPDATE_EVERY = 0.1  # seconds between live display updates
 

@@ -387,12 +387,14 @@ def _spawn_watchdog(key: str, entry: registry.Entry) -> None:
                      start_new_session=True, close_fds=True)
 
 
-def attach(base_url: str, api_key: str | None = None, timeout: float = 10.0) -> ServerInfo:
-    """Use an existing server (http URL or Unix socket path) without spawning anything."""
+def attach(base_url: str, api_key: str | None = None, timeout: float = 10.0, *,
+           transport: httpx.BaseTransport | httpx.AsyncBaseTransport | None = None) -> ServerInfo:
+    """Use an existing server (http URL or Unix socket path) without spawning anything. ``transport`` carries
+    the requests instead of the network (tests replay recorded llama-server answers through it)."""
     if base_url.startswith("http://") or base_url.startswith("https://"):
-        address = Address(url=base_url.rstrip("/").removesuffix("/v1"), api_key=api_key)
+        address = Address(url=base_url.rstrip("/").removesuffix("/v1"), api_key=api_key, injected=transport)
     else:
-        address = Address(socket=base_url.removeprefix("unix:"), api_key=api_key)
+        address = Address(socket=base_url.removeprefix("unix:"), api_key=api_key, injected=transport)
     try:
         props = read_props(address, timeout=timeout)
     except httpx.HTTPStatusError as exc:

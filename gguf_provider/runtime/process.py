@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -19,8 +19,6 @@ import psutil
 
 from ..errors import ServerStartError
 from .progress import Progress
-
-ProgressFn = Progress  # the old name, kept for engine.py until it imports Progress
 
 LOG_TAIL_LINES = 50
 
@@ -32,6 +30,8 @@ class Address:
     socket: str | None = None
     url: str | None = None
     api_key: str | None = None
+    # Carries the requests instead of the network (replayed streams in unit tests); not part of the identity.
+    injected: httpx.BaseTransport | httpx.AsyncBaseTransport | None = field(default=None, compare=False, repr=False)
 
     @property
     def base_url(self) -> str:
@@ -43,10 +43,14 @@ class Address:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    def transport(self) -> httpx.HTTPTransport | None:
+    def transport(self) -> httpx.BaseTransport | None:
+        if isinstance(self.injected, httpx.BaseTransport):
+            return self.injected
         return httpx.HTTPTransport(uds=self.socket) if self.socket else None
 
-    def async_transport(self) -> httpx.AsyncHTTPTransport | None:
+    def async_transport(self) -> httpx.AsyncBaseTransport | None:
+        if isinstance(self.injected, httpx.AsyncBaseTransport):
+            return self.injected
         return httpx.AsyncHTTPTransport(uds=self.socket) if self.socket else None
 
     def client(self, timeout: float = 5.0) -> httpx.Client:
