@@ -210,7 +210,7 @@ def bench_attach(model: Path, url: str, api_key: str) -> dict[str, Any]:
 
 def first_token_ours(model: Path) -> float:
     """Private server (fresh key), started by the library, to the first streamed text delta."""
-    from gguf_provider.client import TextDelta
+    from gguf_provider.events import TextDelta
 
     t0 = time.perf_counter()
     engine = Engine(EngineConfig(model_path=str(model), n_ctx=N_CTX, n_parallel=N_PARALLEL, shared=False,

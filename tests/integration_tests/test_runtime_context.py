@@ -7,8 +7,9 @@ from typing import Any
 import httpx
 import pytest
 
-from gguf_provider.client import EngineClient, Usage
+from gguf_provider.client import EngineClient
 from gguf_provider.engine import Engine, EngineConfig
+from gguf_provider.events import Usage
 from tests.support.runtime import RuntimeEnv
 
 pytestmark = pytest.mark.slow

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from gguf_provider.client import TextDelta
 from gguf_provider.engine import Engine, EngineConfig
 from gguf_provider.errors import ServerCrashedError, ServerTimeoutError
+from gguf_provider.events import TextDelta
 from gguf_provider.runtime import manager as mgr
 from gguf_provider.runtime import registry
 from tests.reliability.report import write_report
