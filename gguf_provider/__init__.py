@@ -56,14 +56,14 @@ def __getattr__(name: str) -> Any:
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext gguf_provider``: register the %gguf / %%gguf magics."""
-    from .magics import load_ipython_extension as _load
+    from .jupyter import load_ipython_extension as _load
 
     _load(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    """``%unload_ext gguf_provider``: give back every model's lease and remove the magics."""
-    from .magics import unload_ipython_extension as _unload
+    """``%unload_ext gguf_provider``: give back every model's lease (each server stops after its keep_alive)."""
+    from .jupyter import unload_ipython_extension as _unload
 
     _unload(ipython)
 

@@ -1,11 +1,15 @@
-"""The ``gguf-provider`` command line."""
+"""The ``gguf-provider`` command line, every command in this one module: ``server install|path|version``,
+``pull``, ``models``, ``serve``, ``ps``, ``stop``. :func:`build_parser` builds the whole parser; :func:`main` is the
+entry point."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import __version__
@@ -64,28 +68,123 @@ def cmd_server_version(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ps(args: argparse.Namespace) -> int:
+    from .status import running_servers
+
+    rows = running_servers()
+    if args.json:
+        print(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
+    elif not rows:
+        print("no servers running")
+    else:
+        for r in rows:
+            print(f"{r.id}  pid {r.pid:>7}  ctx {r.ctx:>6}  rss {r.rss / 2**20:7.0f} MiB  leases "
+                  f"{r.leases}  idle {r.idle_s:>6.0f}s  {r.model}  {r.address}")
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from .runtime import registry
+
+    stopped = []
+    with registry.locked() as data:
+        for key in list(data):
+            if args.all or key.startswith(args.id or "\0"):
+                stopped.append(data.pop(key))
+    for e in stopped:
+        if registry.server_alive(e):
+            registry.stop_entry(e)
+            print(f"stopped pid {e['pid']} ({e['model']})")
+        else:  # dead, or a pid now used by a process we did not start: only the entry goes
+            registry.stop_entry(e)
+            print(f"removed the stale entry of pid {e['pid']} (not our running server) ({e['model']})")
+    if not stopped:
+        print("nothing to stop")
+        return 1 if args.id else 0
+    return 0
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from .runtime.models import pull
+
+    resolved = pull(args.spec, quant=args.quant, vision=args.vision)
+    print(resolved.path)
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from .status import local_models
+
+    models = local_models()
+    if args.json:
+        print(json.dumps([dataclasses.asdict(m) for m in models], indent=2, default=str))
+    elif not models:
+        print("no local models")
+    else:
+        for m in models:
+            print(f"{m.name}  {m.size_bytes / 2**20:8.0f} MiB  {m.path}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .engine import Engine, EngineConfig
+
+    engine = Engine(EngineConfig(model=args.spec, port=args.port, n_ctx=args.ctx, keep_alive=0))
+    info = engine.load()
+    print(f"serving {info.model} (ctx {info.n_ctx}) at {info.address.describe()} pid {info.pid}; Ctrl-C stops it",
+          flush=True)
+    if info.address.api_key:
+        print("the API key is in the server's key file in the runtime dir (0600)", flush=True)
+    try:
+        while info.alive():
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        engine.unload()
+    return 0
+
+
+def _command(sub: Any, name: str, func: Callable[[argparse.Namespace], int], help: str,
+             json_flag: bool = False) -> argparse.ArgumentParser:
+    """Add command ``name`` to ``sub``, run by ``func(args)``; ``json_flag`` gives it ``--json``."""
+    cmd: argparse.ArgumentParser = sub.add_parser(name, help=help)
+    if json_flag:
+        cmd.add_argument("--json", action="store_true")
+    cmd.set_defaults(func=func)
+    return cmd
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The whole ``gguf-provider`` parser: every command and flag is declared here."""
     p = argparse.ArgumentParser(prog="gguf-provider", description="Local GGUF models on a managed llama-server.")
     p.add_argument("--version", action="version", version=f"gguf-provider {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     server = sub.add_parser("server", help="the llama-server binary: install, path, version")
     ssub = server.add_subparsers(dest="server_command", required=True)
-    inst = ssub.add_parser("install", help="build llama-server from a pinned llama.cpp source")
+    inst = _command(ssub, "install", cmd_server_install, "build llama-server from a pinned llama.cpp source")
     inst.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda", "vulkan", "metal"])
     inst.add_argument("--force", action="store_true", help="rebuild even if already installed")
     inst.add_argument("--cmake-arg", action="append", default=[], metavar="ARG",
                       help="an extra cmake configure argument (repeatable)")
-    inst.set_defaults(func=cmd_server_install)
-    sp = ssub.add_parser("path", help="print the llama-server that discovery would use")
-    sp.set_defaults(func=cmd_server_path)
-    sv = ssub.add_parser("version", help="print its version and which optional flags it supports")
-    sv.add_argument("--json", action="store_true")
-    sv.set_defaults(func=cmd_server_version)
+    _command(ssub, "path", cmd_server_path, "print the llama-server that discovery would use")
+    _command(ssub, "version", cmd_server_version, "print its version and which optional flags it supports",
+             json_flag=True)
 
-    from . import _cli_models
-
-    _cli_models.add_commands(sub)
+    _command(sub, "ps", cmd_ps, "list the servers gguf-provider started", json_flag=True)
+    stop = _command(sub, "stop", cmd_stop, "stop a server by id (prefix) or all of them")
+    stop.add_argument("id", nargs="?")
+    stop.add_argument("--all", action="store_true")
+    pull = _command(sub, "pull", cmd_pull, "download a model (org/repo[:QUANT]) into the HF cache")
+    pull.add_argument("spec")
+    pull.add_argument("--quant")
+    pull.add_argument("--vision", action="store_true")
+    _command(sub, "models", cmd_models, "list local GGUF models (models dirs and HF cache)", json_flag=True)
+    serve = _command(sub, "serve", cmd_serve, "run a model in the foreground (shared with other clients)")
+    serve.add_argument("spec")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--ctx", type=int)
     return p
 
 

@@ -1,19 +1,18 @@
-"""IPython magics: ``%gguf`` (load, ps, list, unload, use, reset, history, config, one-shot prompts) and
-``%%gguf`` (a chat turn whose reply streams live into the cell output).
+"""The ``%gguf`` and ``%%gguf`` commands: argument parsing, the per-model state and history, and chats through the
+shared engine layer (:mod:`gguf_provider.chat`), so streaming, reasoning and errors behave as in the LangChain and
+LlamaIndex adapters. What they draw lives in :mod:`.display`.
 
-Load with ``%load_ext gguf_provider``. Chats go through the shared engine layer (:mod:`gguf_provider.chat`), so
-streaming, reasoning and errors behave as in the LangChain and LlamaIndex adapters.
+``%gguf`` load, ps, list, unload, use, reset, history, config, or a one-shot prompt; ``%%gguf`` a chat turn whose
+reply streams live into the cell output.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import html
 import json
 import re
 import shlex
-import time
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,109 +20,19 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from . import chat
-from .engine import Engine, EngineConfig
-from .errors import GGUFProviderError, ServerError
-from .events import ReasoningDelta, TextDelta, Timings, Usage
-
-_UPDATE_EVERY = 0.1  # seconds between live display updates
-
-
-# --- reply object -----------------------------------------------------------------------------------------------
-
-
-@dataclass
-class GGUFReply:
-    """One reply: shown as Markdown (reasoning collapsed) in rich front ends, as text elsewhere."""
-
-    text: str = ""
-    reasoning: str = ""
-    model: str = ""
-    tokens_per_second: float | None = None
-    usage: dict[str, int] = field(default_factory=dict)
-    interrupted: bool = False
-    done: bool = False
-    markdown: bool = True  # False (``-f text``): plain text only
-
-    def _footer(self) -> str:
-        parts = [self.model] if self.model else []
-        if self.usage.get("output_tokens"):
-            parts.append(f"{self.usage['output_tokens']} tokens")
-        if self.tokens_per_second:
-            parts.append(f"{self.tokens_per_second:.1f} tok/s")
-        if self.interrupted:
-            parts.append("interrupted")
-        return " · ".join(parts)
-
-    def _repr_markdown_(self) -> str | None:
-        if not self.markdown:
-            return None
-        out = []
-        if self.reasoning:
-            out.append(f"<details><summary>Thinking</summary>\n\n{html.escape(self.reasoning.strip())}\n\n</details>\n")
-        out.append(self.text + ("" if self.done else " ▌"))
-        footer = self._footer()
-        if footer and self.done:
-            out.append(f"\n\n<sub>{footer}</sub>")
-        return "\n".join(out)
-
-    def __repr__(self) -> str:
-        head = f"[thinking]\n{self.reasoning.strip()}\n[/thinking]\n" if self.reasoning else ""
-        footer = self._footer()
-        return head + self.text + (f"\n[{footer}]" if footer and self.done else "")
-
-    def __str__(self) -> str:
-        return self.text
-
-
-@dataclass
-class ModelSummary:
-    name: str
-    path: str
-    n_ctx: int
-    address: str
-    caps: dict[str, Any]
-
-    def _flags(self) -> str:
-        keys = ("supports_tools", "supports_parallel_tool_calls", "supports_preserve_reasoning", "supports_system_role")
-        return ", ".join(k.removeprefix("supports_") for k in keys if self.caps.get(k)) or "plain chat"
-
-    def _repr_markdown_(self) -> str:
-        return (f"**{self.name}** loaded\n\n| | |\n|---|---|\n| path | `{self.path}` |\n| context | {self.n_ctx} "
-                f"tokens |\n| template | {self._flags()} |\n| server | `{self.address}` |")
-
-    def __repr__(self) -> str:
-        return f"{self.name} loaded: {self.path}\n  context {self.n_ctx} tokens · template: {self._flags()} · {self.address}"
-
-
-@dataclass
-class _Table:
-    rows: list[dict[str, Any]]
-    empty: str
-
-    def _repr_markdown_(self) -> str:
-        if not self.rows:
-            return f"_{self.empty}_"
-        cols = list(self.rows[0])
-        lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-        lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in self.rows]
-        return "\n".join(lines)
-
-    def __repr__(self) -> str:
-        if not self.rows:
-            return self.empty
-        cols = list(self.rows[0])
-        widths = {c: max(len(c), *(len(str(r[c])) for r in self.rows)) for c in cols}
-        lines = ["  ".join(c.ljust(widths[c]) for c in cols)]
-        lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in cols) for r in self.rows]
-        return "\n".join(lines)
-
+from .. import chat, status
+from ..engine import Engine, EngineConfig
+from ..errors import GGUFProviderError, ServerError
+from ..events import ReasoningDelta, TextDelta, Timings, Usage
+from .display import GGUFReply, ModelSummary, _LiveOutput, _Progress, _Table
 
 # --- state ------------------------------------------------------------------------------------------------------
 
 
 @dataclass
 class _Turn:
+    """One exchange; ``key`` names the cell that made it, so running that cell again replaces it."""
+
     key: str
     user: str
     reply: str
@@ -131,6 +40,8 @@ class _Turn:
 
 @dataclass
 class _Model:
+    """A loaded model under its name: its engine, its reasoning default and its history."""
+
     name: str
     engine: Engine
     reasoning: bool | None = None
@@ -190,6 +101,8 @@ def interpolate(text: str, namespace: dict[str, Any]) -> str:
 
 @magics_class
 class GGUFMagics(Magics):
+    """One IPython session's magics and state: the loaded models, the current one, the ``config`` settings."""
+
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
         self.models: dict[str, _Model] = {}
@@ -263,21 +176,13 @@ class GGUFMagics(Magics):
         return ModelSummary(name, info.model, info.n_ctx, info.address.describe(), engine.capabilities())
 
     def _cmd_ps(self, args: list[str]) -> _Table:
-        from .runtime import registry
-
-        registry.sweep()
-        rows = [{"id": k[:12], "pid": e["pid"], "model": e["model"].rsplit("/", 1)[-1], "ctx": e["n_ctx"],
-                 "leases": len(e.get("leases", {}))} for k, e in registry.read().items()]
+        rows = [{"id": r.id, "pid": r.pid, "model": r.model.rsplit("/", 1)[-1], "ctx": r.ctx, "leases": r.leases}
+                for r in status.running_servers()]
         return _Table(rows, "no servers running")
 
     def _cmd_list(self, args: list[str]) -> _Table:
-        from .runtime.models import list_local_models
-
-        rows = []
-        for m in list_local_models():
-            d = m.__dict__
-            rows.append({"name": d.get("name"), "size": f"{int(d.get('size_bytes', 0)) / 2**20:.0f} MiB",
-                         "path": d.get("path")})
+        rows = [{"name": m.name, "size": f"{m.size_bytes / 2**20:.0f} MiB", "path": m.path}
+                for m in status.local_models()]
         return _Table(rows, "no local models")
 
     def _cmd_unload(self, args: list[str]) -> None:
@@ -422,103 +327,3 @@ class GGUFMagics(Magics):
             out.finish()
         self._shell.user_ns["_gguf_last"] = reply
         return reply
-
-
-class _LiveOutput:
-    """Streams a reply: display updates in a kernel, flushed prints in a terminal."""
-
-    def __init__(self, shell: Any, reply: GGUFReply) -> None:
-        from IPython.display import display
-
-        self.reply = reply
-        self.rich = _is_kernel(shell)
-        self.last = 0.0
-        self.handle = display(reply, display_id=True) if self.rich else None  # type: ignore[no-untyped-call]
-        self.printed_thinking = False
-        self.answer_started = False
-
-    def delta(self, piece: str, text: str, thinking: str, reasoning: bool = False) -> None:
-        if self.rich:
-            self.reply.text, self.reply.reasoning = text, thinking
-            now = time.monotonic()
-            if now - self.last >= _UPDATE_EVERY and self.handle is not None:
-                self.handle.update(self.reply)
-                self.last = now
-            return
-        if reasoning and not self.printed_thinking:
-            print("[thinking]", flush=True)  # reasoning apart from the answer, as in repr(reply)
-            self.printed_thinking = True
-        elif piece and not reasoning and not self.answer_started:
-            self.answer_started = True
-            if self.printed_thinking:
-                print("\n[/thinking]", flush=True)
-        if piece:
-            print(piece, end="", flush=True)
-
-    def finish(self) -> None:
-        if self.rich and self.handle is not None:
-            self.handle.update(self.reply)
-        elif not self.rich:
-            if self.printed_thinking and not self.answer_started:
-                print("\n[/thinking]", end="", flush=True)  # the reply was all thinking (cut or interrupted)
-            footer = self.reply._footer()
-            print(f"\n[{footer}]" if footer else "", flush=True)
-
-
-def _is_kernel(shell: Any) -> bool:
-    return bool(getattr(shell, "kernel", None))
-
-
-class _Progress:
-    """Load progress (a :class:`~gguf_provider.runtime.progress.Progress`): download bytes as a bar, then "loading"
-    with elapsed time."""
-
-    def __init__(self, shell: Any) -> None:
-        self.shell = shell
-        self.bar: Any = None
-        self.handle: Any = None
-        self.rich = _is_kernel(shell)
-        self.last = 0.0
-        self.started = time.monotonic()
-
-    def __call__(self, stage: str, done: int, total: int, detail: str = "") -> None:
-        if stage == "download":
-            if self.bar is None:
-                from tqdm.auto import tqdm
-
-                self.bar = tqdm(total=total or None, unit="B", unit_scale=True, desc="download")
-            self.bar.update(done - self.bar.n)
-            return
-        now = time.monotonic()
-        if now - self.last < 0.25:
-            return
-        self.last = now
-        msg = f"loading model … {now - self.started:.1f} s"
-        if self.rich:
-            from IPython.display import display
-
-            if self.handle is None:
-                self.handle = display({"text/plain": msg}, raw=True, display_id=True)  # type: ignore[no-untyped-call]
-            else:
-                self.handle.update({"text/plain": msg}, raw=True)
-        else:
-            print(f"\r{msg}", end="", flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-        if self.rich and self.handle is not None:  # the counter becomes a final line, not a stale "loading"
-            self.handle.update({"text/plain": f"loaded in {time.monotonic() - self.started:.1f} s"}, raw=True)
-        elif not self.rich and self.last:
-            print(flush=True)
-
-
-def load_ipython_extension(ipython: Any) -> None:
-    ipython.register_magics(GGUFMagics(ipython))
-
-
-def unload_ipython_extension(ipython: Any) -> None:
-    magics = ipython.magics_manager.registry.get("GGUFMagics")
-    if magics is not None:
-        for model in magics.models.values():
-            model.engine.unload()

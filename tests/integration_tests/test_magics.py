@@ -16,7 +16,7 @@ from IPython.core.error import UsageError
 from IPython.testing.globalipapp import start_ipython
 
 from gguf_provider import chat as chat_module
-from gguf_provider import magics as magics_module
+from gguf_provider.jupyter import commands, display
 from tests.support import make_notebook
 from tests.support.runtime import pid_alive
 
@@ -50,9 +50,9 @@ def payloads(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     return sent
 
 
-def _magics(ip: Any) -> magics_module.GGUFMagics:
+def _magics(ip: Any) -> commands.GGUFMagics:
     m = ip.magics_manager.registry["GGUFMagics"]
-    assert isinstance(m, magics_module.GGUFMagics)
+    assert isinstance(m, commands.GGUFMagics)
     return m
 
 
@@ -61,7 +61,7 @@ def test_load_summary_reads_the_server(ip: Any) -> None:
     engine = m.models["smol"].engine
     props = engine.client.get_json("/props")
     assert props["default_generation_settings"]["n_ctx"] == engine.n_ctx == 2048
-    summary = magics_module.ModelSummary("smol", engine.info.model, engine.n_ctx, "x", engine.capabilities())
+    summary = display.ModelSummary("smol", engine.info.model, engine.n_ctx, "x", engine.capabilities())
     assert "context 2048 tokens" in repr(summary) and "| context | 2048 tokens |" in summary._repr_markdown_()
 
 
@@ -161,7 +161,7 @@ def test_server_failure_is_one_line_with_log_path(ip: Any, tmp_path: Path, smoll
 
 
 def test_interrupt_keeps_partial_reply_and_frees_the_slot(ip: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = magics_module.chat.stream
+    real = commands.chat.stream
 
     def interrupted(engine: Any, request: Any) -> Iterator[Any]:
         n = 0
@@ -171,7 +171,7 @@ def test_interrupt_keeps_partial_reply_and_frees_the_slot(ip: Any, monkeypatch: 
             if n == 5:
                 raise KeyboardInterrupt  # what Ctrl-C / "interrupt kernel" raises in the consuming loop
 
-    monkeypatch.setattr(magics_module.chat, "stream", interrupted)
+    monkeypatch.setattr(commands.chat, "stream", interrupted)
     ip.run_line_magic("gguf", "reset")
     ip.run_cell_magic("gguf", "-t 0 -n 200", "Count from 1 to 100, one number per line.")
     last = ip.user_ns["_gguf_last"]
@@ -236,7 +236,7 @@ def test_terminal_reply_is_printed_once(ip: Any, fmt: str, capsys: pytest.Captur
 
 def test_terminal_shows_reasoning_apart(capsys: pytest.CaptureFixture[str]) -> None:
     """Terminal IPython: reasoning streams between [thinking] marks, then the answer, then the footer."""
-    from gguf_provider.magics import GGUFReply, _LiveOutput
+    from gguf_provider.jupyter.display import GGUFReply, _LiveOutput
 
     reply = GGUFReply(model="m")
     out = _LiveOutput(object(), reply)  # no kernel: plain prints
@@ -293,7 +293,7 @@ def test_load_progress_in_terminal_and_notebook(kernel: bool, monkeypatch: pytes
     monkeypatch.setattr(IPython.display, "display", lambda obj, raw=False, display_id=False: shown.append(obj)
                         or Handle())
     shell = type("Shell", (), {"kernel": object() if kernel else None})()
-    progress = magics_module._Progress(shell)
+    progress = display._Progress(shell)
     progress("download", 0, 1000)
     progress("download", 1000, 1000)
     progress("loading", 0, 0)
