@@ -7,14 +7,26 @@ into their framework's types.
 
 from __future__ import annotations
 
+import json
+import warnings
 from collections.abc import AsyncGenerator, Iterator
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .engine import Engine
+from .errors import RepeatedToolCallWarning
 from .events import Collector, Completion, Event, Finish, TextDelta, ToolCallDelta
-from .tools import ToolCall, could_be_tool_call, forced_schema, heal_tool_calls, parse_forced, tool_name
+from .tools import (
+    ToolCall,
+    answered_calls,
+    call_key,
+    could_be_tool_call,
+    forced_schema,
+    heal_tool_calls,
+    parse_forced,
+    tool_name,
+)
 
 Reasoning = bool | str | None
 REASONING_EFFORTS = ("low", "medium", "high")
@@ -48,6 +60,7 @@ class ChatRequest:
     params: dict[str, Any] = field(default_factory=dict)  # sampling and max_tokens, OpenAI names
     reasoning: Reasoning = None
     heal_tool_calls: bool = True
+    loop_guard: bool = True
 
     @property
     def forced(self) -> list[str] | None:
@@ -74,10 +87,23 @@ class ChatRequest:
                 body["tool_choice"] = "auto"
         if self.response_format is not None and forced is None:
             body["response_format"] = self.response_format
+        if body.get("max_tokens") is None and "response_format" in body:
+            body["max_tokens"] = constrained_max_tokens(body["response_format"])
         kwargs = reasoning_kwargs(self.reasoning)
         if kwargs:
             body["chat_template_kwargs"] = {**kwargs, **body.get("chat_template_kwargs", {})}
         return body
+
+
+def constrained_max_tokens(response_format: dict[str, Any]) -> int:
+    """The default ``max_tokens`` of a grammar-constrained reply (structured output, forced tool call) when the
+    caller gave none: 256 + 2 tokens per character of the JSON schema (1024 for schemaless JSON mode), at most
+    4096. A constrained reply that loops inside the grammar can then not run to the end of the context; a reply cut
+    there ends with finish_reason "length" (LangChain's parsers raise on it)."""
+    schema = (response_format.get("json_schema") or {}).get("schema") or response_format.get("schema")
+    if not schema:
+        return 1024
+    return min(4096, 256 + 2 * len(json.dumps(schema, separators=(",", ":"))))
 
 
 def reasoning_kwargs(reasoning: Reasoning) -> dict[str, Any]:
@@ -104,6 +130,8 @@ class EventProcessor:
         self.buffer: list[str] = []
         self.buffering = self.forced or self.heal
         self.native_calls = 0
+        self.answered = answered_calls(request.messages) if self.heal else set()
+        self.repeated_only = False  # the reply only repeated calls whose results the conversation already has
 
     def feed(self, ev: Event) -> list[Event]:
         if isinstance(ev, TextDelta) and self.buffering:
@@ -129,6 +157,12 @@ class EventProcessor:
             calls = [call] if call else None
         elif text and self.heal:
             calls = heal_tool_calls(text, self.names)
+            if calls and self.answered:
+                fresh = [c for c in calls if call_key(c.name, c.arguments) not in self.answered]
+                if not fresh:
+                    self.repeated_only = True
+                    return []  # the caller asks again, without tools
+                calls = fresh
         if calls:
             out: list[Event] = [ToolCallDelta(self.native_calls + i, c.id, c.name, c.arguments)
                                 for i, c in enumerate(calls)]
@@ -140,17 +174,31 @@ class EventProcessor:
 
 def stream(engine: Engine, request: ChatRequest) -> Iterator[Event]:
     proc = EventProcessor(request)
-    for ev in engine.stream(request.payload()):
+    for ev in engine.stream(request.payload(), loop_guard=request.loop_guard):
         yield from proc.feed(ev)
+    if proc.repeated_only:
+        yield from stream(engine, _without_tools(request))
 
 
 async def astream(engine: Engine, request: ChatRequest) -> AsyncGenerator[Event, None]:
     proc = EventProcessor(request)
     # aclosing: closing this generator (a consumer that stops early) closes the request at once, not at GC.
-    async with aclosing(engine.astream(request.payload())) as events:
+    async with aclosing(engine.astream(request.payload(), loop_guard=request.loop_guard)) as events:
         async for ev in events:
             for out in proc.feed(ev):
                 yield out
+    if proc.repeated_only:
+        async with aclosing(astream(engine, _without_tools(request))) as again:
+            async for ev in again:
+                yield ev
+
+
+def _without_tools(request: ChatRequest) -> ChatRequest:
+    """The same request without tools: asked once more when a small model's whole reply was a call it had already
+    made and got the result of (it would loop on it otherwise), so it answers in words from that result."""
+    warnings.warn("the model repeated a tool call whose result it already has; asking it once more without tools",
+                  RepeatedToolCallWarning, stacklevel=3)
+    return replace(request, tools=[], tool_choice=None, heal_tool_calls=False)
 
 
 def complete(engine: Engine, request: ChatRequest) -> Completion:

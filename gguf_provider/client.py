@@ -9,7 +9,7 @@ import asyncio
 import json
 import reprlib
 import weakref
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Generator
 from typing import Any
 
 import httpx
@@ -222,7 +222,7 @@ class EngineClient:
         _raise_for_status(r, r.content)
         return r.json()
 
-    def stream_chat(self, payload: dict[str, Any]) -> Iterator[Event]:
+    def stream_chat(self, payload: dict[str, Any]) -> Generator[Event, None, None]:
         """Stream events. Closing the generator (``break`` in the consumer) closes the response, which makes
         llama-server stop generating and free the slot."""
         body = {**payload, "stream": True, "stream_options": {"include_usage": True}}

@@ -12,9 +12,10 @@ import itertools
 import os
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
-from contextlib import aclosing, contextmanager
+from contextlib import aclosing, closing, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,8 +23,9 @@ from typing import Any, TypeVar
 import httpx
 
 from .client import EngineClient
-from .errors import ContextOverflowError, ServerConnectionError, ServerCrashedError
-from .events import Collector, Completion, Event
+from .errors import ContextOverflowError, LoopWarning, ServerConnectionError, ServerCrashedError
+from .events import Collector, Completion, Event, Finish, LoopStopped, ReasoningDelta, TextDelta
+from .loops import LoopDetector
 from .runtime import manager as mgr
 from .runtime.progress import Progress
 
@@ -246,22 +248,36 @@ class Engine:
 
     # requests -----------------------------------------------------------------------------------------------
 
-    def stream(self, payload: dict[str, Any]) -> Iterator[Event]:
+    def stream(self, payload: dict[str, Any], *, loop_guard: bool = True) -> Iterator[Event]:
+        """The reply's events. With ``loop_guard`` a reply that became a cycle is stopped (closing the stream
+        makes llama-server cancel it) and ends with :class:`LoopStopped` and ``Finish("repetition")``."""
         payload = self.prepare(payload)
-        with self.guard():
-            yield from self.client.stream_chat(payload)
+        guard = _LoopGuard() if loop_guard else None
+        with self.guard(), closing(self.client.stream_chat(payload)) as events:
+            for ev in events:
+                yield ev
+                stopped = guard.check(ev) if guard else None
+                if stopped:
+                    yield from stopped
+                    return
 
-    async def astream(self, payload: dict[str, Any]) -> AsyncGenerator[Event, None]:
+    async def astream(self, payload: dict[str, Any], *, loop_guard: bool = True) -> AsyncGenerator[Event, None]:
         payload = await self.aprepare(payload)
+        guard = _LoopGuard() if loop_guard else None
         with self.guard():
             async with aclosing(self.client.astream_chat(payload)) as events:
                 async for ev in events:
                     yield ev
+                    stopped = guard.check(ev) if guard else None
+                    if stopped:
+                        for out in stopped:
+                            yield out
+                        return
 
-    def chat(self, payload: dict[str, Any]) -> Completion:
+    def chat(self, payload: dict[str, Any], *, loop_guard: bool = True) -> Completion:
         """A whole reply, folded from the stream (the one request path; no retry here)."""
         col = Collector()
-        for ev in self.stream(payload):
+        for ev in self.stream(payload, loop_guard=loop_guard):
             col.add(ev)
         return col.done()
 
@@ -283,6 +299,30 @@ class Engine:
 
     def with_config(self, **changes: Any) -> Engine:
         return Engine(replace(self.config, **changes), transport=self.transport)
+
+
+class _LoopGuard:
+    """Watches the content and reasoning deltas of one reply (see :mod:`gguf_provider.loops`)."""
+
+    __slots__ = ("content", "reasoning")
+
+    def __init__(self) -> None:
+        self.content = LoopDetector()
+        self.reasoning = LoopDetector()
+
+    def check(self, ev: Event) -> list[Event] | None:
+        if isinstance(ev, TextDelta):
+            channel, loop = "content", self.content.feed(ev.text)
+        elif isinstance(ev, ReasoningDelta):
+            channel, loop = "reasoning", self.reasoning.feed(ev.text)
+        else:
+            return None
+        if loop is None:
+            return None
+        warnings.warn(f"stopped a reply that became a loop: {loop.describe()} in its {channel}; the reply ends "
+                      f"after the first repetition (finish_reason 'repetition'). Pass loop_guard=False (per call "
+                      f"or on the model) to let it run", LoopWarning, stacklevel=2)
+        return [LoopStopped(channel, loop.keep, loop.period), Finish("repetition")]
 
 
 def _still_alive(info: mgr.ServerInfo, grace: float = 0.3) -> bool:

@@ -148,3 +148,15 @@ class ContextOverflowError(APIError):
 
 class ModelDownloadError(ModelError):
     """Downloading a model failed or left an incomplete file (nothing partial is ever returned as a model)."""
+
+
+# --- warnings ------------------------------------------------------------------------------------------------
+
+
+class LoopWarning(UserWarning):
+    """The loop guard stopped a reply that had become a repeating cycle (``finish_reason="repetition"``)."""
+
+
+class RepeatedToolCallWarning(UserWarning):
+    """A model's reply only repeated a tool call whose result the conversation already had; it was asked once more
+    without tools."""

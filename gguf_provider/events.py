@@ -53,7 +53,17 @@ class Finish:
     model: str | None = None
 
 
-Event = TextDelta | ReasoningDelta | ToolCallDelta | Usage | Timings | Finish
+@dataclass(slots=True)
+class LoopStopped:
+    """The loop guard stopped a reply that had become a cycle: ``keep`` characters of the ``channel``
+    ("content" or "reasoning") are the reply up to the end of the first repetition."""
+
+    channel: str
+    keep: int
+    period: int
+
+
+Event = TextDelta | ReasoningDelta | ToolCallDelta | Usage | Timings | Finish | LoopStopped
 
 
 @dataclass
@@ -76,6 +86,7 @@ class Collector:
         self._text: list[str] = []
         self._reasoning: list[str] = []
         self._calls: dict[int, ToolCall] = {}
+        self._keep: dict[str, int] = {}  # channel → characters to keep, after a loop was stopped
 
     def add(self, ev: Event) -> None:
         if isinstance(ev, TextDelta):
@@ -94,9 +105,12 @@ class Collector:
             self.result.usage = ev
         elif isinstance(ev, Timings):
             self.result.timings = ev.data
+        elif isinstance(ev, LoopStopped):
+            self._keep[ev.channel] = ev.keep
 
     def done(self) -> Completion:
         r = self.result
-        r.content, r.reasoning = "".join(self._text), "".join(self._reasoning)
+        r.content = "".join(self._text)[:self._keep.get("content")]
+        r.reasoning = "".join(self._reasoning)[:self._keep.get("reasoning")]
         r.tool_calls = [self._calls[i] for i in sorted(self._calls)]
         return r

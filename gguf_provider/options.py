@@ -130,6 +130,9 @@ class SamplingOptions(_Options):
         "Strings that end the reply (also accepted as `stop_sequences`)."))
     reasoning: bool | Literal["low", "medium", "high"] | None = Field(default=None, description=(
         "Thinking: None = the template's default, True/False = on/off, `low`/`medium`/`high` = effort."))
+    loop_guard: bool = Field(default=True, description=(
+        "Stop a reply whose tail has become one unit repeated over and over (finish reason `repetition`, with a "
+        "`LoopWarning`); False lets it run to `max_tokens`."))
     auto_heal_tool_calls: bool = Field(default=True, description=(
         "Turn tool calls a model wrote as text (`<tool_call>`, bare JSON) into real tool calls."))
 
@@ -207,7 +210,8 @@ class ChatOptions(EngineOptions, ChatServerOptions, SamplingOptions):
             messages=messages, tools=kwargs.pop("tools", None) or [],
             tool_choice=chat.normalize_tool_choice(kwargs.pop("tool_choice", None)),
             response_format=kwargs.pop("response_format", None), params=params,
-            reasoning=kwargs.pop("reasoning", self.reasoning), heal_tool_calls=self.auto_heal_tool_calls)
+            reasoning=kwargs.pop("reasoning", self.reasoning), heal_tool_calls=self.auto_heal_tool_calls,
+            loop_guard=kwargs.pop("loop_guard", self.loop_guard))
         request.params.update(self.extra_body())
         request.params.update({k: v for k, v in kwargs.items() if v is not None})
         return request

@@ -95,12 +95,37 @@ def heal_tool_calls(text: str, tool_names: set[str]) -> list[ToolCall] | None:
     else:
         m = _FENCE.match(s)
         calls = _from_json_text(m.group(1) if m else s, tool_names) or []
-    return calls or None
+    return _unique(calls) or None
+
+
+def _json_values(text: str) -> list[Any] | None:
+    """One JSON value, or several written one after another (JSON lines), or None when the text is not JSON."""
+    value = _loads(text)
+    if value is not None or text == "null":
+        return value if isinstance(value, list) else [value]
+    values, pos, decoder = [], 0, json.JSONDecoder()
+    while pos < len(text):
+        try:
+            value, end = decoder.raw_decode(text, pos)
+        except (ValueError, RecursionError):
+            return None
+        values.append(value)
+        pos = end
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+    return values or None
+
+
+def call_key(name: str, arguments: str) -> tuple[str, str]:
+    """What makes two calls the same call: the name and the arguments as canonical JSON."""
+    args = _loads(arguments or "{}")
+    return name, json.dumps(args, sort_keys=True) if args is not None else arguments
 
 
 def _from_json_text(text: str, tool_names: set[str]) -> list[ToolCall] | None:
-    value = _loads(text.strip())
-    items = value if isinstance(value, list) else [value]
+    items = _json_values(text.strip())
+    if items is None:
+        return None
     calls = []
     for item in items:
         if not isinstance(item, dict):
@@ -117,7 +142,32 @@ def _from_json_text(text: str, tool_names: set[str]) -> list[ToolCall] | None:
         if not isinstance(args, dict):
             return None
         calls.append(ToolCall(new_call_id(), str(name), json.dumps(args)))
-    return calls or None
+    return _unique(calls) or None
+
+
+def _unique(calls: list[ToolCall]) -> list[ToolCall]:
+    """Identical calls once (small models write the same call on two lines)."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for c in calls:
+        key = call_key(c.name, c.arguments)
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out
+
+
+def answered_calls(messages: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    """The calls of the conversation whose results are already in it (an assistant call + a tool message)."""
+    results = {m.get("tool_call_id") for m in messages if m.get("role") == "tool"}
+    keys = set()
+    for m in messages:
+        for tc in m.get("tool_calls") or () if m.get("role") == "assistant" else ():
+            fn = tc.get("function") or {}
+            if tc.get("id") in results:
+                args = fn.get("arguments")
+                keys.add(call_key(str(fn.get("name")), args if isinstance(args, str) else json.dumps(args or {})))
+    return keys
 
 
 def _loads(text: str) -> Any:

@@ -48,6 +48,10 @@ def main() -> None:
     jobs: dict[str, tuple[EngineConfig, list[tuple[str, str, dict[str, Any] | None]]]] = {
         "smollm2_chat": (EngineConfig(model_path=smol, n_ctx=2048, keep_alive=0),
                          chat_calls({"messages": USER, "max_tokens": 12, "temperature": 0})),
+        # SmolLM2 at temperature 0 falls into a loop ("36. The moon is a terrestrial planet ..." and on)
+        "smollm2_loop": (EngineConfig(model_path=smol, n_ctx=2048, keep_alive=0),
+                         chat_calls({"messages": [{"role": "user", "content": "List facts about the moon."}],
+                                     "max_tokens": 700, "temperature": 0})),
         "qwen_tool_call": (EngineConfig(model_path=qwen, n_ctx=2048, keep_alive=0),
                            chat_calls({"messages": [{"role": "user", "content": "Weather in Rome?"}],
                                        "tools": [WEATHER], "tool_choice": "auto", "max_tokens": 48,

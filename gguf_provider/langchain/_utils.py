@@ -90,10 +90,15 @@ def _refuse_truncated(result: list[Generation]) -> None:
     """LangChain's JSON parsers close a cut-off object and return it; a reply stopped by ``max_tokens`` would pass
     as a complete one with fields missing. Say what happened instead."""
     for gen in result:
-        if isinstance(gen, ChatGeneration) and gen.message.response_metadata.get("finish_reason") == "length":
+        finish = gen.message.response_metadata.get("finish_reason") if isinstance(gen, ChatGeneration) else None
+        if finish == "length":
             raise OutputParserException(
                 "the structured output was cut off by max_tokens before the JSON was complete: raise max_tokens "
-                "(or pass max_tokens=None to use the rest of the context)", llm_output=gen.text)
+                "(the default for structured output is bounded by the schema's size)", llm_output=gen.text)
+        if finish == "repetition":
+            raise OutputParserException(
+                "the structured output became a repeating loop and was stopped before the JSON was complete: try "
+                "another prompt, a larger model, or sampling settings such as repeat_penalty", llm_output=gen.text)
 
 
 class CompleteJsonOutputParser(JsonOutputParser):

@@ -42,9 +42,9 @@ def payloads(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     sent: list[dict[str, Any]] = []
     real = chat_module.Engine.stream
 
-    def spy(self: Any, payload: dict[str, Any]) -> Iterator[Any]:
+    def spy(self: Any, payload: dict[str, Any], **kwargs: Any) -> Iterator[Any]:
         sent.append(copy.deepcopy(payload))
-        return real(self, payload)
+        return real(self, payload, **kwargs)
 
     monkeypatch.setattr(chat_module.Engine, "stream", spy)
     return sent

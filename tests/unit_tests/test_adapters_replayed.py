@@ -172,3 +172,37 @@ def test_retries_repeat_a_failed_call_then_raise(chat_replay: Replay) -> None:
     with pytest.raises(ServerConnectionError):
         llm.invoke("hi")
     assert len(attempts) == 3  # the call and two retries, all in Engine.retrying
+
+
+# --- the loop guard, over a real looping reply (SmolLM2 "List facts about the moon." at temperature 0) -----------
+
+
+def test_loop_guard_stops_a_looping_reply_in_every_adapter() -> None:
+    from gguf_provider.errors import LoopWarning
+
+    replay = load_replay("smollm2_loop")
+    full = _recorded_text(replay)
+    with pytest.warns(LoopWarning, match=r"loop_guard=False"):
+        reply = ChatGGUF(base_url=BASE_URL, transport=replay.transport).invoke("List facts about the moon.")
+    assert reply.response_metadata["finish_reason"] == "repetition"
+    assert full.startswith(str(reply.content)) and len(str(reply.content)) < len(full) // 2
+    with pytest.warns(LoopWarning):
+        chunks = list(ChatGGUF(base_url=BASE_URL, transport=replay.transport).stream("List facts about the moon."))
+    assert chunks[-1].response_metadata["finish_reason"] == "repetition"
+    assert len("".join(str(c.content) for c in chunks)) < len(full)  # stopped early, not at max_tokens
+    with pytest.warns(LoopWarning):
+        li = GGUF(base_url=BASE_URL, transport=replay.transport).chat(
+            [ChatMessage(role="user", content="List facts about the moon.")])
+    assert li.message.content == reply.content and li.raw and li.raw["finish_reason"] == "repetition"
+
+
+def test_loop_guard_off_per_call_and_per_model() -> None:
+    import warnings
+
+    replay = load_replay("smollm2_loop")
+    full = _recorded_text(replay)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ChatGGUF(base_url=BASE_URL, transport=replay.transport).invoke("x", loop_guard=False).content == full
+        off = ChatGGUF(base_url=BASE_URL, transport=replay.transport, loop_guard=False).invoke("x")
+    assert off.content == full and off.response_metadata["finish_reason"] == "length"
