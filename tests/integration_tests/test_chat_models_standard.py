@@ -27,9 +27,11 @@ def _shared_server() -> Iterator[ChatGGUF]:
     llm = ChatGGUF(model=str(ensure("qwen")), n_ctx=N_CTX).load()
     # The per-call model of the model-override tests, kept up between them the same way.
     other = ChatGGUF(model=str(ensure("smollm2")), n_ctx=N_CTX).load()
+    # The model as a user configures it (automatic context) for TestChatGGUFModelAlone.
+    alone = ChatGGUF(model=str(ensure("qwen"))).load()
     yield llm
-    llm.unload()
-    other.unload()
+    for held in (llm, other, alone):
+        held.unload()
 
 
 class TestChatGGUFIntegration(ChatModelIntegrationTests):
@@ -139,3 +141,18 @@ class TestChatGGUFIntegration(ChatModelIntegrationTests):
     @pytest.mark.xfail(reason=_NO_VISION, strict=True)
     def test_anthropic_inputs(self, model: BaseChatModel) -> None:
         super().test_anthropic_inputs(model)
+
+
+@pytest.mark.timeout(90)
+class TestChatGGUFModelAlone(TestChatGGUFIntegration):
+    """The same suite with ChatGGUF built as users build it: the model and nothing else (no max_tokens, no
+    sampling options, no n_ctx: the automatic context). What keeps every test well under 90 s is the library's
+    defaults: the loop guard, the bounded max_tokens of structured output, the healing of repeated calls."""
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        return {"model": str(ensure("qwen"))}
+
+    @property
+    def standard_chat_model_params(self) -> dict[str, Any]:
+        return {}
