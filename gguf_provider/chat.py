@@ -193,12 +193,17 @@ async def astream(engine: Engine, request: ChatRequest) -> AsyncGenerator[Event,
                 yield ev
 
 
+ANSWER_NUDGE = "Answer my question in words now, using the tool results above. Do not call a tool."
+
+
 def _without_tools(request: ChatRequest) -> ChatRequest:
-    """The same request without tools: asked once more when a small model's whole reply was a call it had already
-    made and got the result of (it would loop on it otherwise), so it answers in words from that result."""
-    warnings.warn("the model repeated a tool call whose result it already has; asking it once more without tools",
-                  RepeatedToolCallWarning, stacklevel=3)
-    return replace(request, tools=[], tool_choice=None, heal_tool_calls=False)
+    """The request asked once more, without tools and with a one-line nudge to answer: when a small model's whole
+    reply was a call it had already made and got the result of (it would loop on it otherwise). Without the nudge
+    the 0.5B test model repeats the call as text even with no tools offered."""
+    warnings.warn("the model repeated a tool call whose result it already has; asking it once more, without tools, "
+                  "to answer from the result", RepeatedToolCallWarning, stacklevel=3)
+    messages = [*request.messages, {"role": "user", "content": ANSWER_NUDGE}]
+    return replace(request, messages=messages, tools=[], tool_choice=None, heal_tool_calls=False)
 
 
 def complete(engine: Engine, request: ChatRequest) -> Completion:

@@ -177,3 +177,53 @@ def test_event_processor_forced_reply_becomes_call() -> None:
     out, done = _run(req, ['{"name": "add", ', '"arguments": {"a": 2, "b": 3}}'])
     assert [type(o) for o in out] == [ToolCallDelta, Finish]
     assert [(c.name, c.args()) for c in done.tool_calls] == [("add", {"a": 2, "b": 3})]  # type: ignore[attr-defined]
+
+
+def test_json_lines_become_several_calls_identical_ones_once() -> None:
+    text = ('{"name": "add", "arguments": {"a": 1, "b": 2}}\n{"name": "add", "arguments": {"b": 2, "a": 1}}\n'
+            '{"name": "get_weather", "arguments": {"city": "Rome"}}')
+    calls = heal_tool_calls(text, NAMES)
+    assert calls is not None
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("add", {"a": 1, "b": 2}),
+                                                                    ("get_weather", {"city": "Rome"})]
+    assert heal_tool_calls('{"name": "add", "arguments": {}}\nthen some prose', NAMES) is None
+
+
+def _answered_history() -> list[dict[str, object]]:
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    return [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+
+
+def test_a_reply_that_only_repeats_an_answered_call_is_held_back() -> None:
+    from gguf_provider.tools import answered_calls
+
+    history = _answered_history()
+    assert answered_calls(history) == {("get_weather", '{"city": "Paris"}')}
+    proc = EventProcessor(ChatRequest(messages=history, tools=[WEATHER]))
+    repeat = '{"name": "get_weather", "arguments": {"city": "Paris"}}\n' * 2
+    assert proc.feed(TextDelta(repeat)) == [] and proc.feed(Finish("stop")) == []
+    assert proc.repeated_only
+
+
+def test_a_new_call_after_an_answered_one_goes_through_alone() -> None:
+    proc = EventProcessor(ChatRequest(messages=_answered_history(), tools=[WEATHER]))
+    proc.feed(TextDelta('{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+                        '{"name": "get_weather", "arguments": {"city": "Rome"}}'))
+    out = proc.feed(Finish("stop"))
+    calls = [ev for ev in out if isinstance(ev, ToolCallDelta)]
+    assert [json.loads(c.arguments) for c in calls] == [{"city": "Rome"}] and not proc.repeated_only
+
+
+def test_the_second_ask_has_no_tools_and_a_nudge() -> None:
+    from gguf_provider.chat import ANSWER_NUDGE, _without_tools
+    from gguf_provider.errors import RepeatedToolCallWarning
+
+    request = ChatRequest(messages=_answered_history(), tools=[WEATHER], tool_choice="auto")
+    with pytest.warns(RepeatedToolCallWarning):
+        again = _without_tools(request)
+    body = again.payload()
+    assert "tools" not in body and "tool_choice" not in body
+    assert body["messages"][-1] == {"role": "user", "content": ANSWER_NUDGE}
+    assert len(request.messages) == 3  # the caller's list is not changed
