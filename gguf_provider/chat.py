@@ -16,7 +16,7 @@ from typing import Any
 
 from .engine import Engine
 from .errors import RepeatedToolCallWarning
-from .events import Collector, Completion, Event, Finish, TextDelta, ToolCallDelta
+from .events import Collector, Completion, Event, Finish, LoopStopped, TextDelta, ToolCallDelta
 from .tools import (
     ToolCall,
     answered_calls,
@@ -24,6 +24,7 @@ from .tools import (
     could_be_tool_call,
     forced_schema,
     heal_tool_calls,
+    only_repeats,
     parse_forced,
     tool_name,
 )
@@ -146,6 +147,10 @@ class EventProcessor:
             return [ev]
         if isinstance(ev, Finish):
             return self._finish(ev)
+        if isinstance(ev, LoopStopped) and ev.channel == "content" and self.buffering:
+            # What we hold is the whole content so far: cut it here, before it is healed or released.
+            self.buffer = ["".join(self.buffer)[:ev.keep]]
+            return []
         return [ev]
 
     def _finish(self, ev: Finish) -> list[Event]:
@@ -157,12 +162,12 @@ class EventProcessor:
             calls = [call] if call else None
         elif text and self.heal:
             calls = heal_tool_calls(text, self.names)
-            if calls and self.answered:
-                fresh = [c for c in calls if call_key(c.name, c.arguments) not in self.answered]
-                if not fresh:
+            if self.answered:
+                fresh = [c for c in calls or () if call_key(c.name, c.arguments) not in self.answered]
+                if (calls and not fresh) or (not calls and only_repeats(text, self.answered)):
                     self.repeated_only = True
                     return []  # the caller asks again, without tools
-                calls = fresh
+                calls = fresh or calls
         if calls:
             out: list[Event] = [ToolCallDelta(self.native_calls + i, c.id, c.name, c.arguments)
                                 for i, c in enumerate(calls)]
@@ -177,7 +182,12 @@ def stream(engine: Engine, request: ChatRequest) -> Iterator[Event]:
     for ev in engine.stream(request.payload(), loop_guard=request.loop_guard):
         yield from proc.feed(ev)
     if proc.repeated_only:
-        yield from stream(engine, _without_tools(request))
+        # Asked once more without tools; the reply is judged by the same tools (it may repeat the call again).
+        again = EventProcessor(request)
+        for ev in engine.stream(_without_tools(request).payload(), loop_guard=request.loop_guard):
+            yield from again.feed(ev)
+        if again.repeated_only:
+            yield from _tool_results_answer(request)
 
 
 async def astream(engine: Engine, request: ChatRequest) -> AsyncGenerator[Event, None]:
@@ -188,9 +198,14 @@ async def astream(engine: Engine, request: ChatRequest) -> AsyncGenerator[Event,
             for out in proc.feed(ev):
                 yield out
     if proc.repeated_only:
-        async with aclosing(astream(engine, _without_tools(request))) as again:
-            async for ev in again:
-                yield ev
+        again = EventProcessor(request)
+        async with aclosing(engine.astream(_without_tools(request).payload(), loop_guard=request.loop_guard)) as events:
+            async for ev in events:
+                for out in again.feed(ev):
+                    yield out
+        if again.repeated_only:
+            for out in _tool_results_answer(request):
+                yield out
 
 
 ANSWER_NUDGE = "Answer my question in words now, using the tool results above. Do not call a tool."
@@ -198,12 +213,26 @@ ANSWER_NUDGE = "Answer my question in words now, using the tool results above. D
 
 def _without_tools(request: ChatRequest) -> ChatRequest:
     """The request asked once more, without tools and with a one-line nudge to answer: when a small model's whole
-    reply was a call it had already made and got the result of (it would loop on it otherwise). Without the nudge
-    the 0.5B test model repeats the call as text even with no tools offered."""
+    reply was a call it had already made and got the result of (it would loop on it otherwise)."""
     warnings.warn("the model repeated a tool call whose result it already has; asking it once more, without tools, "
                   "to answer from the result", RepeatedToolCallWarning, stacklevel=3)
     messages = [*request.messages, {"role": "user", "content": ANSWER_NUDGE}]
-    return replace(request, messages=messages, tools=[], tool_choice=None, heal_tool_calls=False)
+    return replace(request, messages=messages, tools=[], tool_choice=None)
+
+
+def _tool_results_answer(request: ChatRequest) -> list[Event]:
+    """The last resort when the model repeats the answered call even without tools (the 0.5B test model does,
+    about half the time): the results of the last tool calls are the answer, as with LlamaIndex's
+    ``return_direct``, so an agent ends with the result instead of raw call JSON."""
+    warnings.warn("the model repeated its answered tool call again; the tool results are returned as the answer",
+                  RepeatedToolCallWarning, stacklevel=3)
+    results: list[str] = []
+    for m in reversed(request.messages):
+        if m.get("role") != "tool":
+            break
+        content = m.get("content")
+        results.insert(0, content if isinstance(content, str) else json.dumps(content))
+    return [TextDelta("\n".join(results)), Finish("stop")]
 
 
 def complete(engine: Engine, request: ChatRequest) -> Completion:

@@ -59,6 +59,7 @@ _TAGGED = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
 _FUNCTION = re.compile(r"<function=([\w.\-]+)>(.*?)(?:</function>|$)", re.S)
 _PARAMETER = re.compile(r"<parameter=([\w.\-]+)>((?:(?!<parameter=).)*?)</parameter>", re.S)
 _FENCE = re.compile(r"^```(?:json|tool_call|tool_code)?(.*?)```$", re.S)
+_FENCE_MARK = re.compile(r"```(?:json|tool_call|tool_code)?")
 _PREFIXES = ("{", "[", "```", "<tool_call>", "<function=")
 
 
@@ -103,6 +104,7 @@ def _json_values(text: str) -> list[Any] | None:
     value = _loads(text)
     if value is not None or text == "null":
         return value if isinstance(value, list) else [value]
+    text = _FENCE_MARK.sub("", text)  # a bare call and a fenced copy of it, as small models write them
     values, pos, decoder = [], 0, json.JSONDecoder()
     while pos < len(text):
         try:
@@ -168,6 +170,20 @@ def answered_calls(messages: list[dict[str, Any]]) -> set[tuple[str, str]]:
                 args = fn.get("arguments")
                 keys.add(call_key(str(fn.get("name")), args if isinstance(args, str) else json.dumps(args or {})))
     return keys
+
+
+def only_repeats(text: str, answered: set[tuple[str, str]]) -> bool:
+    """Whether ``text`` is JSON that only repeats answered calls, perhaps with echoes of their results (the 0.5B
+    test model writes ``{"name": ..., "arguments": ...}`` then ``{"response": ...}`` after a tool result)."""
+    s = text.strip()
+    m = _FENCE.match(s)
+    values = _json_values((m.group(1) if m else s).strip())
+    if not values or not all(isinstance(v, dict) for v in values):
+        return False
+    calls = [v for v in values if isinstance(v.get("name"), str) and "arguments" in v]
+    keys = {call_key(c["name"], c["arguments"] if isinstance(c["arguments"], str) else json.dumps(c["arguments"]))
+            for c in calls}
+    return bool(keys) and keys <= answered
 
 
 def _loads(text: str) -> Any:

@@ -25,7 +25,9 @@ def test_a_looping_reply_ends_with_repetition() -> None:
         assert reply.response_metadata["finish_reason"] == "repetition"
         assert reply.usage_metadata is None or reply.usage_metadata["output_tokens"] < 1000
         text = str(reply.content)
-        assert text.count("The moon is a terrestrial planet") <= 2, text[-300:]
+        # Kept up to the first repetition; a numbered loop that crosses 9 → 10 keeps up to 3 more lines (the
+        # numbers change width there, so the digit-blind cycle is found in the two-digit part).
+        assert text.count("The moon is a terrestrial planet") <= 4, text[-300:]
         with pytest.warns(LoopWarning):
             chunks = list(llm.stream(PROMPT))
         assert chunks[-1].response_metadata["finish_reason"] == "repetition"

@@ -224,6 +224,35 @@ def test_the_second_ask_has_no_tools_and_a_nudge() -> None:
     with pytest.warns(RepeatedToolCallWarning):
         again = _without_tools(request)
     body = again.payload()
-    assert "tools" not in body and "tool_choice" not in body
+    assert "tools" not in body and "tool_choice" not in body and again.heal_tool_calls
     assert body["messages"][-1] == {"role": "user", "content": ANSWER_NUDGE}
     assert len(request.messages) == 3  # the caller's list is not changed
+
+
+def test_a_repeated_call_with_an_echoed_result_is_held_back() -> None:
+    """What Qwen2.5-Coder-0.5B wrote under create_agent after the tool result: its call again, then the result."""
+    proc = EventProcessor(ChatRequest(messages=_answered_history(), tools=[WEATHER]))
+    proc.feed(TextDelta('{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+                        '{"response": "It is sunny and 21 degrees Celsius in Paris."}'))
+    assert proc.feed(Finish("stop")) == [] and proc.repeated_only
+
+
+def test_the_last_resort_answer_is_the_tool_results() -> None:
+    from gguf_provider.chat import _tool_results_answer
+    from gguf_provider.errors import RepeatedToolCallWarning
+
+    with pytest.warns(RepeatedToolCallWarning):
+        events = _tool_results_answer(ChatRequest(messages=_answered_history(), tools=[WEATHER]))
+    assert events == [TextDelta("sunny"), Finish("stop")]
+
+
+def test_a_call_repeated_into_a_loop_is_cut_before_healing() -> None:
+    """At temperature 0 the 0.5B model wrote its call 21 times until the loop guard stopped it."""
+    from gguf_provider.events import LoopStopped
+
+    line = '{"name": "get_weather", "arguments": {"city": "Rome"}}\n'
+    proc = EventProcessor(ChatRequest(messages=[{"role": "user", "content": "Rome?"}], tools=[WEATHER]))
+    assert proc.feed(TextDelta(line * 21)) == []
+    assert proc.feed(LoopStopped("content", len(line), len(line))) == []
+    out = proc.feed(Finish("repetition"))
+    assert [(type(e).__name__) for e in out] == ["ToolCallDelta", "Finish"]
