@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .engine import Engine
-from .errors import RepeatedToolCallWarning
+from .errors import LoopWarning, RepeatedToolCallWarning
 from .events import Collector, Completion, Event, Finish, LoopStopped, TextDelta, ToolCallDelta
 from .tools import (
     ToolCall,
@@ -121,23 +121,31 @@ def reasoning_kwargs(reasoning: Reasoning) -> dict[str, Any]:
 
 
 class EventProcessor:
-    """Applies tool-call enforcement and healing to a raw event stream. One per request."""
+    """Applies tool-call enforcement and healing to a raw event stream. One per request.
+
+    A grammar-constrained reply (forced tool call, JSON schema, JSON mode) is held back until it is whole: half a
+    JSON object is no use to anyone, and a reply that became a loop can then be asked again (``looped``)."""
 
     def __init__(self, request: ChatRequest) -> None:
         self.forced = request.forced is not None
+        self.constrained = self.forced or request.response_format is not None
         self.names = {tool_name(t) for t in request.tools}
         self.heal = bool(request.tools) and request.heal_tool_calls and request.tool_choice != "none" \
             and not self.forced
         self.buffer: list[str] = []
-        self.buffering = self.forced or self.heal
+        self.buffering = self.constrained or self.heal
         self.native_calls = 0
         self.answered = answered_calls(request.messages) if self.heal else set()
         self.repeated_only = False  # the reply only repeated calls whose results the conversation already has
+        # A constrained reply that the loop guard stopped, held back to be asked again (unless the caller chose
+        # its repeat_penalty: then the stopped reply is the answer).
+        self.may_retry_loop = self.constrained and request.params.get("repeat_penalty") is None
+        self.looped = False
 
     def feed(self, ev: Event) -> list[Event]:
         if isinstance(ev, TextDelta) and self.buffering:
             self.buffer.append(ev.text)
-            if self.forced or could_be_tool_call("".join(self.buffer)):
+            if self.constrained or could_be_tool_call("".join(self.buffer)):
                 return []
             self.buffering = False  # plainly prose: release what we held and stream on
             text, self.buffer = "".join(self.buffer), []
@@ -156,6 +164,9 @@ class EventProcessor:
     def _finish(self, ev: Finish) -> list[Event]:
         text, self.buffer = "".join(self.buffer), []
         self.buffering = False
+        if ev.reason == "repetition" and self.may_retry_loop:
+            self.looped = True
+            return []  # the caller asks again, with a repeat penalty
         calls: list[ToolCall] | None = None
         if text and self.forced:
             call = parse_forced(text)
@@ -181,7 +192,10 @@ def stream(engine: Engine, request: ChatRequest) -> Iterator[Event]:
     proc = EventProcessor(request)
     for ev in engine.stream(request.payload(), loop_guard=request.loop_guard):
         yield from proc.feed(ev)
-    if proc.repeated_only:
+    if proc.looped:
+        retry = _with_repeat_penalty(request)
+        yield from stream(engine, retry)
+    elif proc.repeated_only:
         # Asked once more without tools; the reply is judged by the same tools (it may repeat the call again).
         again = EventProcessor(request)
         for ev in engine.stream(_without_tools(request).payload(), loop_guard=request.loop_guard):
@@ -197,7 +211,11 @@ async def astream(engine: Engine, request: ChatRequest) -> AsyncGenerator[Event,
         async for ev in events:
             for out in proc.feed(ev):
                 yield out
-    if proc.repeated_only:
+    if proc.looped:
+        async with aclosing(astream(engine, _with_repeat_penalty(request))) as retried:
+            async for ev in retried:
+                yield ev
+    elif proc.repeated_only:
         again = EventProcessor(request)
         async with aclosing(engine.astream(_without_tools(request).payload(), loop_guard=request.loop_guard)) as events:
             async for ev in events:
@@ -233,6 +251,16 @@ def _tool_results_answer(request: ChatRequest) -> list[Event]:
         content = m.get("content")
         results.insert(0, content if isinstance(content, str) else json.dumps(content))
     return [TextDelta("\n".join(results)), Finish("stop")]
+
+
+LOOP_RETRY_REPEAT_PENALTY = 1.15
+
+
+def _with_repeat_penalty(request: ChatRequest) -> ChatRequest:
+    """A structured reply that became a loop is useless half JSON: it is asked once more with a repeat penalty."""
+    warnings.warn(f"the structured reply became a loop; asking once more with repeat_penalty="
+                  f"{LOOP_RETRY_REPEAT_PENALTY}", LoopWarning, stacklevel=3)
+    return replace(request, params={**request.params, "repeat_penalty": LOOP_RETRY_REPEAT_PENALTY})
 
 
 def complete(engine: Engine, request: ChatRequest) -> Completion:

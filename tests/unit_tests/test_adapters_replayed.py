@@ -206,3 +206,21 @@ def test_loop_guard_off_per_call_and_per_model() -> None:
         assert ChatGGUF(base_url=BASE_URL, transport=replay.transport).invoke("x", loop_guard=False).content == full
         off = ChatGGUF(base_url=BASE_URL, transport=replay.transport, loop_guard=False).invoke("x")
     assert off.content == full and off.response_metadata["finish_reason"] == "length"
+
+
+def test_a_structured_reply_that_loops_is_asked_once_more_with_a_repeat_penalty() -> None:
+    """The replay answers the same loop twice: the second request carries the penalty, then the loop stands."""
+    from gguf_provider.errors import LoopWarning
+
+    replay = load_replay("smollm2_loop")
+    llm = ChatGGUF(base_url=BASE_URL, transport=replay.transport)
+    with pytest.warns(LoopWarning, match="repeat_penalty=1.15"):
+        reply = llm.invoke("x", response_format={"type": "json_object"})
+    bodies = replay.bodies("/v1/chat/completions")
+    assert len(bodies) == 2 and "repeat_penalty" not in bodies[0] and bodies[1]["repeat_penalty"] == 1.15
+    assert bodies[0]["max_tokens"] == 1024  # JSON mode's bounded default
+    assert reply.response_metadata["finish_reason"] == "repetition"
+    replay.sent.clear()
+    with pytest.warns(LoopWarning):
+        llm.invoke("x", response_format={"type": "json_object"}, repeat_penalty=1.0)  # the caller's choice stands
+    assert len(replay.bodies("/v1/chat/completions")) == 1
