@@ -38,7 +38,7 @@ test: $(VENV)/.stamp-test
 	$(VENV)/bin/mypy
 	$(MAKE) --no-print-directory unit
 	$(MAKE) --no-print-directory setup-test
-	$(VENV)/bin/pytest tests --ignore=tests/unit_tests
+	$(VENV)/bin/pytest tests --ignore=tests/unit_tests --durations=20
 
 # tests/unit_tests alone, offline, in seconds: an empty temp dir as home, no configured llama-server, no index.
 unit: $(VENV)/.stamp-test
