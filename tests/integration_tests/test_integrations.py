@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,22 +22,35 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(script: str, *args: str, timeout: float = 400) -> str:
+def _script_env() -> dict[str, str]:
+    """A private gguf-provider home and runtime dir per script (the models and the build found as usual), so a
+    script's server is its own, never one that this test session's objects happen to share."""
+    from gguf_provider.runtime import discovery, paths
+
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
     env["PYTHONPATH"] = str(ROOT)
     env["HF_HUB_OFFLINE"] = "1"
+    env["GGUF_PROVIDER_LLAMA_SERVER"] = str(discovery.find_llama_server())
+    env["GGUF_PROVIDER_MODELS"] = str(paths.models_dir())
+    env["GGUF_PROVIDER_HOME"] = tempfile.mkdtemp(prefix="gguf-script-home-")
+    env["GGUF_PROVIDER_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="gps-", dir="/tmp")
+    return env
+
+
+def _run(script: str, *args: str, timeout: float = 400) -> tuple[str, dict[str, str]]:
+    env = _script_env()
     proc = subprocess.run([sys.executable, str(ROOT / "integrations" / script), *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{script} failed:\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout
+    return proc.stdout, env
 
 
-def _assert_no_server_left(out: str) -> None:
+def _assert_no_server_left(out: str, env: dict[str, str]) -> None:
     m = re.search(r"pid (\d+)", out)
     assert m, out
     pid = int(m.group(1))
     ps = subprocess.run([sys.executable, "-m", "gguf_provider.cli", "ps", "--json"], cwd=ROOT, capture_output=True,
-                        text=True, check=True)
+                        text=True, check=True, env=env)
     assert pid not in [row["pid"] for row in json.loads(ps.stdout)], "the script's server is still registered"
     deadline = time.monotonic() + 10
     while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
@@ -53,26 +67,26 @@ def _models() -> None:
 
 
 def test_langchain_chat_script() -> None:
-    out = _run("langchain_chat.py", "Say hello.", "--max-tokens", "24")
+    out, env = _run("langchain_chat.py", "Say hello.", "--max-tokens", "24")
     assert re.search(r"[\d.]+ tokens/s", out), out
     assert "SmolLM2-135M-Instruct" in out
-    _assert_no_server_left(out)
+    _assert_no_server_left(out, env)
 
 
 def test_langchain_agent_script() -> None:
-    out = _run("langchain_agent.py")
+    out, env = _run("langchain_agent.py")
     assert "tool call get_weather({'city': 'Paris'})" in out, out
     answer = out.split("> What's the weather like in Paris right now?", 1)[1]
     assert "sunny" in answer.rsplit("[step", 1)[-1].lower(), out
-    _assert_no_server_left(out)
+    _assert_no_server_left(out, env)
 
 
 def test_langchain_structured_script() -> None:
-    out = _run("langchain_structured.py")
+    out, env = _run("langchain_structured.py")
     data = json.loads(out[out.index("{"):out.rindex("}") + 1])
     assert data == {"name": "Alice", "age": 31, "job": "marine biologist", "city": "Lyon"}
     assert "tokens/s" in out
-    _assert_no_server_left(out)
+    _assert_no_server_left(out, env)
 
 
 def _llama_servers() -> set[int]:
@@ -95,16 +109,18 @@ def _assert_no_new_server(before: set[int]) -> None:
 
 def test_llamaindex_agent_script() -> None:
     before = _llama_servers()
-    out = _run("llamaindex_agent.py")
+    out, env = _run("llamaindex_agent.py")
     assert "[call] fruit_price({'fruit': 'cherries'})" in out, out
     assert "-> cherries: 4.00 EUR per kg" in out and "final answer:" in out, out
     _assert_no_new_server(before)
 
 
 def test_llamaindex_query_engine_script() -> None:
-    """The default run: index docs/ with GGUFEmbedding, stream the answer of GGUF, list the sources."""
+    """The default run on three pages of docs/ (all of docs/ takes minutes to embed on 2 cores): index them with
+    GGUFEmbedding, stream the answer of GGUF, list the sources."""
     before = _llama_servers()
-    out = _run("llamaindex_query_engine.py", "--max-tokens", "48")
+    pages = [a for name in ("index.md", "runtime.md", "security.md") for a in ("--docs", str(ROOT / "docs" / name))]
+    out, env = _run("llamaindex_query_engine.py", "--max-tokens", "48", *pages)
     assert re.search(r"indexing \d+ documents with SmolLM2-135M-Instruct", out), out
     assert "context window 4096 tokens" in out, out
     answer = out.split("> How does gguf-provider start and share llama-server?", 1)[1].split("sources:", 1)[0]
