@@ -8,6 +8,7 @@ client's own per-token work, deterministically, for profiling: ``.venv/bin/pytho
 from __future__ import annotations
 
 import json
+import random
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -32,8 +33,9 @@ def recorded_stream(n_tokens: int = N_TOKENS) -> bytes:
             "system_fingerprint": "b0-unknown"}
     out = [json.dumps({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": None},
                                             "finish_reason": None}]})]
-    for i in range(n_tokens):
-        out.append(json.dumps({**base, "choices": [{"index": 0, "delta": {"content": " " + words[i % len(words)]},
+    pick = random.Random(SEED).choice  # not periodic: the loop guard must not stop the replayed reply
+    for _ in range(n_tokens):
+        out.append(json.dumps({**base, "choices": [{"index": 0, "delta": {"content": " " + pick(words)},
                                                     "finish_reason": None}]}))
     timings = {"cache_n": 20, "prompt_n": 1, "prompt_ms": 5.0, "predicted_n": n_tokens, "predicted_ms": 2000.0,
                "predicted_per_second": 128.0}

@@ -93,7 +93,8 @@ def make_clients(url: str, api_key: str) -> dict[str, Callable[[], Iterator[str]
                     if text:
                         yield text
 
-    gguf = ChatGGUF(base_url=url, api_key=api_key, temperature=0, seed=SEED, max_tokens=N_TOKENS)
+    # loop_guard off: ignore_eos makes every client generate N_TOKENS, loop or not; the guard would stop early.
+    gguf = ChatGGUF(base_url=url, api_key=api_key, temperature=0, seed=SEED, max_tokens=N_TOKENS, loop_guard=False)
     openai = ChatOpenAI(base_url=f"{url}/v1", api_key=api_key, model="bench", temperature=0, seed=SEED,
                         max_tokens=N_TOKENS, extra_body={"ignore_eos": True}, max_retries=0)
     def bearer(request: httpx.Request) -> httpx.Request:  # ChatLlama sends built requests: client headers don't apply
@@ -356,7 +357,7 @@ async def gguf_batch(llm: Any) -> float:
 def bench_batch(url: str, api_key: str) -> dict[str, Any]:
     from gguf_provider import ChatGGUF
 
-    llm = ChatGGUF(base_url=url, api_key=api_key, temperature=0, seed=SEED, max_tokens=BATCH_TOKENS)
+    llm = ChatGGUF(base_url=url, api_key=api_key, temperature=0, seed=SEED, max_tokens=BATCH_TOKENS, loop_guard=False)
     asyncio.run(raw_batch(url, api_key)), asyncio.run(gguf_batch(llm))
     raws, ggufs = [], []
     for r in range(ROUNDS):
