@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, model
 from typing_extensions import Self
 
 from . import chat
-from .engine import API_KEY_ENV, DEFAULT_TIMEOUT, Engine, EngineConfig, Transport, env_api_key
+from .engine import API_KEY_ENV, DEFAULT_TIMEOUT, Engine, EngineConfig, env_api_key
 from .runtime.manager import DEFAULT_START_TIMEOUT
 
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty",
@@ -174,13 +174,10 @@ class EngineOptions(ModelOptions, ServerOptions, ClientOptions):
             values[f.name] = value
         return EngineConfig(**{**values, **overrides})
 
-    def _http_transport(self) -> Transport | None:
-        return self.transport  # type: ignore[no-any-return]
-
     @property
     def engine(self) -> Engine:
         if self._engine is None:
-            self._engine = Engine(self.engine_config(), transport=self._http_transport())
+            self._engine = Engine(self.engine_config(), transport=self.transport)
         return self._engine
 
     def load(self) -> Self:
