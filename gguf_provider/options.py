@@ -156,7 +156,7 @@ class EngineOptions(ModelOptions, ServerOptions, ClientOptions):
     _embedding: ClassVar[bool] = False
     _engine: Engine | None = PrivateAttr(default=None)
 
-    def engine_config(self, **overrides: Any) -> EngineConfig:
+    def engine_config(self) -> EngineConfig:
         """The engine's config from the fields of the same names: secrets unwrapped, lists made tuples, None left
         to the engine's defaults."""
         declared = type(self).model_fields
@@ -172,7 +172,7 @@ class EngineOptions(ModelOptions, ServerOptions, ClientOptions):
             elif isinstance(value, list):
                 value = tuple(value)
             values[f.name] = value
-        return EngineConfig(**{**values, **overrides})
+        return EngineConfig(**values)
 
     @property
     def engine(self) -> Engine:
