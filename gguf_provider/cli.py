@@ -1,5 +1,5 @@
 """The ``gguf-provider`` command line, every command in this one module: ``server install|path|version``,
-``pull``, ``models``, ``serve``, ``ps``, ``stop``. :func:`build_parser` builds the whole parser; :func:`main` is the
+``pull``, ``models``, ``serve``, ``embed``, ``ps``, ``stop``. :func:`build_parser` builds the whole parser; :func:`main` is the
 entry point."""
 
 from __future__ import annotations
@@ -145,6 +145,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_embed(args: argparse.Namespace) -> int:
+    from .engine import Engine, EngineConfig
+
+    texts = args.text or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    if not texts:
+        print("gguf-provider: error: give texts as arguments or one per line on stdin", file=sys.stderr)
+        return 2
+    engine = Engine(EngineConfig(model=args.spec, embedding=True, pooling=args.pooling, n_ctx=args.ctx))
+    try:
+        vectors = engine.embed(texts, truncate=args.truncate)
+    finally:
+        engine.unload()
+    if args.json:
+        print(json.dumps({"model": engine.model_name, "dimensions": len(vectors[0]),
+                          "data": [{"index": i, "text": t, "embedding": v}
+                                   for i, (t, v) in enumerate(zip(texts, vectors, strict=True))]}))
+    else:
+        for v in vectors:
+            print(json.dumps(v))
+    return 0
+
+
 def _command(sub: Any, name: str, func: Callable[[argparse.Namespace], int], help: str,
              json_flag: bool = False) -> argparse.ArgumentParser:
     """Add command ``name`` to ``sub``, run by ``func(args)``; ``json_flag`` gives it ``--json``."""
@@ -185,6 +207,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("spec")
     serve.add_argument("--port", type=int)
     serve.add_argument("--ctx", type=int)
+    embed = _command(sub, "embed", cmd_embed, "embed texts (arguments, or lines of stdin): one JSON vector per line",
+                     json_flag=True)
+    embed.add_argument("spec", help="an embedding model: path, name in the models dir, or org/repo[:QUANT]")
+    embed.add_argument("text", nargs="*")
+    embed.add_argument("--pooling", choices=["mean", "cls", "last", "rank"],
+                       help="default: the model's own (its GGUF header), mean for a chat model")
+    embed.add_argument("--truncate", action="store_true",
+                       help="embed the first tokens of a text longer than the model's context instead of failing")
+    embed.add_argument("--ctx", type=int)
     return p
 
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import reprlib
 import weakref
-from collections.abc import AsyncGenerator, Generator
+from collections.abc import AsyncGenerator, Generator, Sequence
 from typing import Any
 
 import httpx
@@ -33,6 +34,13 @@ def error_from_body(status: int | None, body: Any) -> APIError:
         return ContextOverflowError(
             f"the prompt ({n_prompt} tokens) does not fit the context window ({n_ctx} tokens): shorten the input, "
             f"trim the history, or start the model with a larger n_ctx", n_prompt_tokens=n_prompt, n_ctx=n_ctx)
+    too_large = _TOO_LARGE.search(message)
+    if too_large:
+        # An embedding input longer than the physical batch (a non-causal model must see it in one batch).
+        n_in, n_batch = int(too_large[1]), int(too_large[2])
+        return ContextOverflowError(
+            f"an input of {n_in} tokens is longer than the {n_batch} tokens the embedding server takes at once: "
+            f"shorten or split it, or pass truncate=True", n_prompt_tokens=n_in, n_ctx=n_batch)
     if "Context size has been exceeded" in message:
         # Generation filled the KV cache (shared by the server's parallel slots) before max_tokens.
         return ContextOverflowError(
@@ -40,6 +48,9 @@ def error_from_body(status: int | None, body: Any) -> APIError:
             "shorten the conversation, or start the model with a larger n_ctx")
     code = err.get("code", status)
     return APIError(f"llama-server error{f' {code}' if code else ''}: {message}", status_code=status, body=body)
+
+
+_TOO_LARGE = re.compile(r"input \((\d+) tokens\) is too large to process.*?batch size: (\d+)")
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -264,12 +275,12 @@ class EngineClient:
     async def aapply_template(self, payload: dict[str, Any]) -> str:
         return str((await self.apost_json("/apply-template", payload)).get("prompt") or "")
 
-    def embed(self, inputs: list[str], **extra: Any) -> list[list[float]]:
-        """Vectors of ``inputs``; ``extra`` fields go into the request body."""
-        return _embeddings(self.post_json("/v1/embeddings", {**extra, "input": inputs}))
+    def embed(self, inputs: Sequence[str | list[int]], **extra: Any) -> list[list[float]]:
+        """Vectors of ``inputs`` (texts or token ids); ``extra`` fields go into the request body."""
+        return _embeddings(self.post_json("/v1/embeddings", {**extra, "input": list(inputs)}))
 
-    async def aembed(self, inputs: list[str], **extra: Any) -> list[list[float]]:
-        return _embeddings(await self.apost_json("/v1/embeddings", {**extra, "input": inputs}))
+    async def aembed(self, inputs: Sequence[str | list[int]], **extra: Any) -> list[list[float]]:
+        return _embeddings(await self.apost_json("/v1/embeddings", {**extra, "input": list(inputs)}))
 
 
 def _embeddings(data: dict[str, Any]) -> list[list[float]]:

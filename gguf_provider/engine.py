@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from . import media
 from .client import EngineClient
 from .errors import ContextOverflowError, LoopWarning, ServerConnectionError, ServerCrashedError
 from .events import Collector, Completion, Event, Finish, LoopStopped, ReasoningDelta, TextDelta
@@ -61,6 +62,7 @@ class EngineConfig:
     embedding: bool = False
     pooling: str | None = None
     vision: bool = False
+    mmproj: str | None = None  # a projector file; implies vision
     port: int | None = None
     llama_server: str | None = None
     keep_alive: float | None = None  # None: $GGUF_PROVIDER_KEEP_ALIVE or 300 s
@@ -73,16 +75,20 @@ class EngineConfig:
 
 
 def resolve_spec(cfg: EngineConfig) -> mgr.ServerSpec:
-    from .runtime.models import resolve_model
+    """The server spec of ``cfg``: the model resolved (found, or downloaded), with its projector when ``mmproj`` is
+    given (checked to be a projector file) or ``vision`` asks for the one beside the model or in its repo."""
+    from .runtime.models import resolve_mmproj, resolve_model
 
+    mmproj = resolve_mmproj(cfg.mmproj) if cfg.mmproj else None
+    vision = cfg.vision and mmproj is None
     if cfg.model_path:
-        resolved = resolve_model(cfg.model_path, vision=cfg.vision)
+        resolved = resolve_model(cfg.model_path, vision=vision)
     else:
         resolved = resolve_model(cfg.model, repo=cfg.repo, quant=cfg.quant, filename=cfg.filename,
-                                 revision=cfg.revision, token=cfg.hf_token, vision=cfg.vision, offline=cfg.offline,
+                                 revision=cfg.revision, token=cfg.hf_token, vision=vision, offline=cfg.offline,
                                  progress=cfg.progress)
     return mgr.ServerSpec(
-        model=resolved.path, shards=tuple(resolved.shards), mmproj=resolved.mmproj, n_ctx=cfg.n_ctx,
+        model=resolved.path, shards=tuple(resolved.shards), mmproj=mmproj or resolved.mmproj, n_ctx=cfg.n_ctx,
         n_gpu_layers=cfg.n_gpu_layers, n_parallel=cfg.n_parallel, embedding=cfg.embedding, pooling=cfg.pooling,
         chat_template=cfg.chat_template, chat_template_file=cfg.chat_template_file,
         reasoning_format=cfg.reasoning_format, rpc_servers=cfg.rpc_servers, server_args=cfg.server_args,
@@ -171,6 +177,14 @@ class Engine:
         caps: dict[str, Any] = self.props.get("chat_template_caps") or {}
         return caps
 
+    def modalities(self) -> dict[str, bool]:
+        """The inputs the server's model takes besides text, from ``/props`` (``{"vision": True, "audio": False,
+        ...}``; ``vision`` needs a projector: ``vision=True`` or ``mmproj=``)."""
+        return media.modalities(self.props)
+
+    def _where(self) -> str:
+        return f"the server at {self.config.base_url}" if self.config.base_url else f"the model {self.model_name}"
+
     # the one error guard ------------------------------------------------------------------------------------
 
     @contextmanager
@@ -215,18 +229,24 @@ class Engine:
     # limits -------------------------------------------------------------------------------------------------
 
     def prepare(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """Set ``max_tokens`` to context − prompt when none is given, cap a larger one there, and refuse a prompt
-        that alone fills the context.
+        """The payload as it is sent: its images and audio checked and inlined (:mod:`gguf_provider.media`),
+        ``max_tokens`` set to context − prompt when none is given, a larger one capped there, and a prompt that
+        alone fills the context refused.
 
         Counting the prompt costs two small requests, so with an explicit ``max_tokens`` it is done only when a
-        cheap upper bound (one token per character, plus template overhead) says the request might not fit.
+        cheap upper bound (one token per character, plus template overhead) says the request might not fit. The
+        count covers the text: an image's tokens are known only to the server, which stops a reply at the end of
+        the context (finish reason ``length``) and refuses an image prompt that does not fit
+        (:class:`ContextOverflowError`).
         """
+        payload = media.prepare(payload, self.modalities(), model=self._where())
         n_ctx = self.n_ctx
         if not n_ctx or _fits(payload, n_ctx):
             return payload
         return _apply_limits(payload, self.count_prompt_tokens(payload), n_ctx)
 
     async def aprepare(self, payload: dict[str, Any]) -> dict[str, Any]:
+        payload = await media.aprepare(payload, self.modalities(), model=self._where())
         n_ctx = self.n_ctx
         if not n_ctx or _fits(payload, n_ctx):
             return payload
@@ -237,6 +257,8 @@ class Engine:
         return _apply_limits(payload, n_prompt, n_ctx)
 
     def count_prompt_tokens(self, payload: dict[str, Any]) -> int:
+        """Tokens of the prompt's text (the chat template applied by the server, then tokenized); image and audio
+        parts are left out (their tokens show in the reply's usage)."""
         client = self.client
         with self.guard():
             return len(client.tokenize(client.apply_template(_template_payload(payload))))
@@ -281,21 +303,51 @@ class Engine:
             col.add(ev)
         return col.done()
 
-    def embed(self, inputs: list[str], **extra: Any) -> list[list[float]]:
+    def embed(self, inputs: list[str], *, truncate: bool = False, **extra: Any) -> list[list[float]]:
+        """One vector per text. A text longer than :meth:`embed_limit` tokens raises :class:`ContextOverflowError`
+        naming it, or with ``truncate`` is sent as its first tokens (the model's special tokens kept)."""
         def run() -> list[list[float]]:
             client = self.client
+            limit = self.embed_limit()
             with self.guard():
-                return client.embed(inputs, **extra)
+                sent: list[str | list[int]] = []
+                for i, text in enumerate(inputs):
+                    if not _may_exceed(text, limit):
+                        sent.append(text)
+                        continue
+                    with_special = client.tokenize(text)
+                    plain = client.tokenize(text, special=False) if truncate and len(with_special) > limit else []
+                    sent.append(_fit_text(i, text, with_special, plain, limit, truncate))
+                return client.embed(sent, **extra)
 
         return self.retrying(run)
 
-    async def aembed(self, inputs: list[str], **extra: Any) -> list[list[float]]:
+    async def aembed(self, inputs: list[str], *, truncate: bool = False, **extra: Any) -> list[list[float]]:
         async def run() -> list[list[float]]:
             client = self.client
+            limit = self.embed_limit()
             with self.guard():
-                return await client.aembed(inputs, **extra)
+                sent: list[str | list[int]] = []
+                for i, text in enumerate(inputs):
+                    if not _may_exceed(text, limit):
+                        sent.append(text)
+                        continue
+                    with_special = await client.atokenize(text)
+                    too_long = truncate and len(with_special) > limit
+                    plain = await client.atokenize(text, special=False) if too_long else []
+                    sent.append(_fit_text(i, text, with_special, plain, limit, truncate))
+                return await client.aembed(sent, **extra)
 
         return await self.aretrying(run)
+
+    def embed_limit(self) -> int:
+        """The most tokens one text may have: the slot's context, and for a server we started, its physical batch
+        (a non-causal embedder sees a text in one batch)."""
+        n_ctx = self.n_ctx
+        if self._lease is None:
+            return n_ctx
+        ubatch = _flag_value(self.config.server_args, ("-ub", "--ubatch-size"))
+        return min(n_ctx, ubatch if ubatch is not None else mgr.EMBED_UBATCH_MAX)
 
     def with_config(self, **changes: Any) -> Engine:
         return Engine(replace(self.config, **changes), transport=self.transport)
@@ -336,9 +388,53 @@ def _still_alive(info: mgr.ServerInfo, grace: float = 0.3) -> bool:
     return False
 
 
+def _may_exceed(text: str, limit: int) -> bool:
+    # A token covers at least one UTF-8 byte (byte-level BPE, SentencePiece byte fallback, WordPiece [UNK]), plus a
+    # few special tokens: a text under that bound fits without asking the server to count.
+    return len(text.encode()) + 8 > limit
+
+
+def _fit_text(index: int, text: str, with_special: list[int], plain: list[int], limit: int,
+              truncate: bool) -> str | list[int]:
+    """The text as it is when it fits, else its first tokens (``truncate``) between the model's special tokens."""
+    n = len(with_special)
+    if n <= limit:
+        return text
+    if not truncate:
+        raise ContextOverflowError(
+            f"text {index} to embed is {n} tokens but the model takes at most {limit} per text "
+            f"(starts {text[:40]!r}): split it (a text splitter with chunks under {limit} tokens) or pass "
+            f"truncate=True to embed its first {limit} tokens", n_prompt_tokens=n, n_ctx=limit)
+    head = next((k for k in range(min(n - len(plain), 8) + 1) if with_special[k:k + len(plain)] == plain), None)
+    if not plain or head is None:
+        return with_special[:limit]
+    tail = with_special[head + len(plain):]
+    return [*with_special[:head], *plain[:limit - head - len(tail)], *tail]
+
+
+def _flag_value(args: tuple[str, ...], names: tuple[str, ...]) -> int | None:
+    for i, arg in enumerate(args):
+        for name in names:
+            value = args[i + 1] if arg == name and i + 1 < len(args) else (
+                arg.split("=", 1)[1] if arg.startswith(name + "=") else None)
+            if value is not None:
+                return _int_or_none(value)
+    return None
+
+
+def _int_or_none(value: str) -> int | None:
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
 def _template_payload(payload: dict[str, Any]) -> dict[str, Any]:
     keys = ("messages", "tools", "chat_template_kwargs", "tool_choice")
-    return {k: payload[k] for k in keys if k in payload}
+    out = {k: payload[k] for k in keys if k in payload}
+    if "messages" in out:
+        out["messages"] = media.text_only(out["messages"])  # the server's marker for an image is no count of it
+    return out
 
 
 def _fits(payload: dict[str, Any], n_ctx: int) -> bool:
@@ -348,8 +444,9 @@ def _fits(payload: dict[str, Any], n_ctx: int) -> bool:
 
 
 def _char_bound(payload: dict[str, Any]) -> int:
-    # Every token covers at least one character of the JSON we send, except template special tokens.
-    return len(str(payload.get("messages", ""))) + len(str(payload.get("tools", ""))) + 512
+    # Every token covers at least one character of the JSON we send, except template special tokens; an image or
+    # audio part counts as a fixed allowance, never as the length of its base64 data.
+    return media.size_bound(payload.get("messages", "")) + len(str(payload.get("tools", ""))) + 512
 
 
 def _apply_limits(payload: dict[str, Any], n_prompt: int, n_ctx: int) -> dict[str, Any]:

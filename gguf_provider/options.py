@@ -111,6 +111,9 @@ class ChatServerOptions(_Options):
         "llama-server's `--reasoning-format` (e.g. `deepseek`, `none`); default: the server's."))
     vision: bool = Field(default=False, description=(
         "Load the model's `mmproj` projector (beside the file or in the repo) so image blocks reach the model."))
+    mmproj: str | None = Field(default=None, description=(
+        "A multimodal projector file (`.gguf`, architecture `clip`) to load with the model; implies `vision` "
+        "(docs/vision.md)."))
 
 
 class SamplingOptions(_Options):
@@ -223,14 +226,18 @@ class EmbeddingOptions(EngineOptions):
 
     _embedding: ClassVar[bool] = True
 
-    pooling: str = Field(default="mean", description=(
-        "How token vectors become one vector (`mean`, `cls`, `last`, `rank`; llama-server's `--pooling`)."))
+    pooling: Literal["mean", "cls", "last", "rank"] | None = Field(default=None, description=(
+        "How token vectors become one vector (llama-server's `--pooling`); default: the pooling type in the "
+        "model's GGUF header (an embedder's own), `mean` for a model that names none (a chat model)."))
+    truncate: bool = Field(default=False, description=(
+        "A text longer than the model's context (e.g. 512 tokens for MiniLM): False raises "
+        "`ContextOverflowError` naming it, True embeds its first tokens (never a silent cut)."))
 
     def embed(self, texts: list[str]) -> list[list[float]]:
-        return self.engine.embed(texts, **self.extra_body()) if texts else []
+        return self.engine.embed(texts, truncate=self.truncate, **self.extra_body()) if texts else []
 
     async def aembed(self, texts: list[str]) -> list[list[float]]:
-        return await self.engine.aembed(texts, **self.extra_body()) if texts else []
+        return await self.engine.aembed(texts, truncate=self.truncate, **self.extra_body()) if texts else []
 
 
 # --- unknown keyword arguments: each framework's convention, never silent ---------------------------------------

@@ -94,6 +94,7 @@ class GGUFHeader:
     ssm_group_count: int | None
     full_attention_interval: int | None
     chat_template: str | None
+    pooling_type: int | None  # `{arch}.pooling_type`: 0 none, 1 mean, 2 cls, 3 last, 4 rank (embedders)
     metadata: dict[str, MetaValue] = field(repr=False, hash=False)
 
     @property
@@ -337,5 +338,6 @@ def _build(
         ssm_group_count=_int(a("ssm.group_count")),
         full_attention_interval=_int(a("full_attention_interval")),
         chat_template=_str(meta.get("tokenizer.chat_template")),
+        pooling_type=_int(a("pooling_type")),
         metadata=meta,
     )

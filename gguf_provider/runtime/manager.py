@@ -116,8 +116,26 @@ class Lease:
         self.release()
 
 
+# llama.cpp's pooling types by number (`{arch}.pooling_type` in a GGUF header) and `--pooling` name.
+POOLING_NAMES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
+
+
+def embedding_pooling(asked: str | None, header_pooling: int | None) -> str | None:
+    """The `--pooling` to pass, or None to let the model's own pooling type (from its header) stand.
+
+    What the user asked wins. A model whose header names a pooling type (an embedder: BERT mean, BGE cls,
+    Qwen3-Embedding last) keeps it: forcing `mean` on a CLS- or last-token-pooled model silently degrades its
+    vectors. A model with none (a chat model) or `none` gets `mean`: the OpenAI-style endpoint needs a pooled vector.
+    """
+    if asked:
+        return asked
+    if header_pooling in POOLING_NAMES and header_pooling != 0:
+        return None
+    return "mean"
+
+
 def build_argv(spec: ServerSpec, binary: Path, caps: discovery.ServerCapabilities, alias: str, n_ctx: int,
-               address: Address, api_key_file: Path | None) -> list[str]:
+               address: Address, api_key_file: Path | None, *, header_pooling: int | None = None) -> list[str]:
     argv = [str(binary), "-m", str(spec.model), "--alias", alias, "-c", str(n_ctx)]
     for flag in ("--jinja", "--no-webui", "--offline"):
         if caps.supports(flag):
@@ -139,7 +157,10 @@ def build_argv(spec: ServerSpec, binary: Path, caps: discovery.ServerCapabilitie
         if caps.supports("--kv-unified"):
             argv.append("--kv-unified")
     if spec.embedding:
-        argv += ["--embedding", "--pooling", spec.pooling or "mean"]
+        argv.append("--embedding")
+        pooling = embedding_pooling(spec.pooling, header_pooling)
+        if pooling:
+            argv += ["--pooling", pooling]
         if not any(a in ("-ub", "--ubatch-size") or a.startswith("--ubatch-size=") for a in spec.server_args):
             # A pooled embedding must fit one physical batch: with the default (512) longer inputs fail with
             # "input is too large to process".
@@ -301,7 +322,7 @@ class ServerManager:
             address = Address(url=f"http://127.0.0.1:{port}", api_key=api_key)
         else:
             address = Address(socket=str(run / f"{tag}.sock"))
-        argv = build_argv(spec, binary, caps, alias, n_ctx, address, api_key_file)
+        argv = build_argv(spec, binary, caps, alias, n_ctx, address, api_key_file, header_pooling=header.pooling_type)
         with open(log_path, "ab") as log:
             log.write(f"# gguf-provider: {' '.join(argv)}\n".encode())
         proc = process.spawn(argv, log_path, private=not shared)

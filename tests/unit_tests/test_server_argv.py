@@ -88,3 +88,47 @@ def test_context_overflow_inside_a_200_stream() -> None:
     assert (info.value.n_prompt_tokens, info.value.n_ctx) == (3000, 2048)
     with pytest.raises(APIError, match="slot unavailable"):
         StreamParser().feed_line(ERROR_LINES[0])
+
+
+@pytest.mark.parametrize(("arch", "pooling_type", "asked", "flag"), [
+    ("bert", 1, None, None),  # MiniLM: the header's mean stands
+    ("bert", 2, None, None),  # BGE: CLS pooling, not overridden by mean
+    ("qwen3", 3, None, None),  # Qwen3-Embedding: last-token pooling
+    ("llama", None, None, "mean"),  # a chat model names none: mean, as the OpenAI endpoint needs a pooled vector
+    ("llama", 0, None, "mean"),  # `none` cannot serve /v1/embeddings
+    ("bert", 2, "mean", "mean"),  # what the user asked wins
+    ("llama", None, "last", "last"),
+])
+def test_embedding_pooling_comes_from_the_header_unless_asked(
+        tmp_path: Path, arch: str, pooling_type: int | None, asked: str | None, flag: str | None) -> None:
+    from gguf_provider.runtime.gguf import read_header
+    from tests.support.gguf_bytes import encode, gguf
+
+    kvs = [encode("general.architecture", arch), encode(f"{arch}.context_length", 512)]
+    if pooling_type is not None:
+        kvs.append(encode(f"{arch}.pooling_type", pooling_type))
+    path = tmp_path / "m.gguf"
+    path.write_bytes(gguf(*kvs))
+    header = read_header(path)
+    assert header.pooling_type == pooling_type
+    spec = ServerSpec(model=path, embedding=True, pooling=asked)
+    argv = build_argv(spec, Path("/b"), CAPS, "a", 512, Address(socket="/s"), None, header_pooling=header.pooling_type)
+    assert "--embedding" in argv
+    assert (argv[argv.index("--pooling") + 1] if "--pooling" in argv else None) == flag
+
+
+def test_chat_servers_get_no_pooling_flag() -> None:
+    argv = build_argv(ServerSpec(model=Path("/m.gguf")), Path("/b"), CAPS, "a", 512, Address(socket="/s"), None,
+                      header_pooling=1)
+    assert "--pooling" not in argv and "--embedding" not in argv
+
+
+def test_an_embedding_input_too_large_for_the_batch_is_a_context_overflow() -> None:
+    from gguf_provider.client import error_from_body
+    from gguf_provider.errors import ContextOverflowError
+
+    err = error_from_body(500, {"error": {"code": 500, "type": "server_error", "message":
+                                          "input (700 tokens) is too large to process. increase the physical batch "
+                                          "size (current batch size: 512)"}})
+    assert isinstance(err, ContextOverflowError) and (err.n_prompt_tokens, err.n_ctx) == (700, 512)
+    assert "truncate=True" in str(err)
