@@ -16,6 +16,7 @@ from .errors import (
     GGUFProviderError,
     InsufficientDiskError,
     InsufficientMemoryError,
+    MediaFetchError,
     MissingShardError,
     ModelDownloadError,
     ModelError,
@@ -26,6 +27,7 @@ from .errors import (
     ServerStartError,
     ServerTimeoutError,
     UnknownQuantError,
+    UnsupportedInputError,
 )
 
 __version__ = "0.1.0"
@@ -71,7 +73,9 @@ def unload_ipython_extension(ipython: Any) -> None:
 __all__ = [
     "APIError", "BinaryNotFoundError", "BuildError", "ChatGGUF", "ContextOverflowError", "GGUF", "GGUFEmbedding",
     "GGUFEmbeddings",
-    "GGUFFormatError", "GGUFProviderError", "InsufficientDiskError", "InsufficientMemoryError", "MissingShardError",
+    "GGUFFormatError", "GGUFProviderError", "InsufficientDiskError", "InsufficientMemoryError", "MediaFetchError",
+    "MissingShardError",
     "ModelDownloadError", "ModelError", "ModelNotFoundError", "ServerConnectionError", "ServerCrashedError", "ServerError",
-    "ServerStartError", "ServerTimeoutError", "UnknownQuantError", "__version__",
+    "ServerStartError", "ServerTimeoutError", "UnknownQuantError", "UnsupportedInputError",
+    "__version__",
 ]

@@ -13,14 +13,16 @@ Every error the library raises on purpose derives from :class:`GGUFProviderError
     │   ├── InsufficientDiskError          not enough disk for the download
     │   └── ModelDownloadError             the download failed or is incomplete
     ├── InsufficientMemoryError            the model does not fit at any usable context
+    ├── MediaFetchError                    an image URL could not be fetched           .url .status_code
     ├── ServerError                        the llama-server process failed             .log_tail .log_path
     │   ├── ServerStartError               exited or not healthy while starting
     │   ├── ServerCrashedError             died during a request
     │   ├── ServerTimeoutError             did not answer in time
     │   └── ServerConnectionError          could not be reached
     └── APIError                           the server answered a request with an error .status_code .body
-        └── ContextOverflowError           the prompt does not fit the context         .n_prompt_tokens .n_ctx
-            └── GGUFContextOverflowError   (ChatGGUF) also langchain_core.exceptions.ContextOverflowError
+        ├── ContextOverflowError           the prompt does not fit the context         .n_prompt_tokens .n_ctx
+        │   └── GGUFContextOverflowError   (ChatGGUF) also langchain_core.exceptions.ContextOverflowError
+        └── UnsupportedInputError          an image/audio part for a model without it  .modality
 
 What to catch:
 
@@ -29,7 +31,9 @@ What to catch:
   its log and ``log_tail`` its last lines.
 * ``ContextOverflowError``: an input too long for the context; trim and retry. ``ChatGGUF`` raises
   ``GGUFContextOverflowError``, which LangChain code catching its own ``ContextOverflowError`` also sees.
-* ``APIError``: any request llama-server refused. ``ModelError``: anything about the model file.
+* ``APIError``: any request llama-server refused (or would refuse: ``UnsupportedInputError``, raised before the
+  request). ``ModelError``: anything about the model file.
+* ``MediaFetchError``: an ``http(s)`` image URL in a message could not be fetched (status, size, type, network).
 
 Wrong arguments raise ``ValueError``, not these. docs/errors.md says when each class is raised.
 """
@@ -144,6 +148,28 @@ class ContextOverflowError(APIError):
         super().__init__(message, status_code=400)
         self.n_prompt_tokens = n_prompt_tokens
         self.n_ctx = n_ctx
+
+
+class UnsupportedInputError(APIError):
+    """A message has an image (or audio) part but the server's model has no projector for it (``/props``
+    ``modalities``). Raised before the request is sent."""
+
+    def __init__(self, message: str, modality: str) -> None:
+        super().__init__(message, status_code=400)
+        self.modality = modality
+
+
+# --- media ---------------------------------------------------------------------------------------------------
+
+
+class MediaFetchError(GGUFProviderError):
+    """An ``http(s)`` image URL in a message could not be fetched and inlined (bad status, too large, not an image,
+    network failure or timeout)."""
+
+    def __init__(self, message: str, url: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+        self.status_code = status_code
 
 
 class ModelDownloadError(ModelError):

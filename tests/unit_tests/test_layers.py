@@ -14,7 +14,8 @@ import pytest
 PKG = Path(__file__).resolve().parents[2] / "gguf_provider"
 
 # Lower number = lower layer. A module imports only modules of a layer <= its own.
-LAYERS = {"errors": 0, "tools": 0, "loops": 0, "runtime": 1, "events": 2, "client": 2, "engine": 3, "chat": 4, "status": 4,
+LAYERS = {"errors": 0, "tools": 0, "loops": 0, "runtime": 1, "events": 2, "client": 2, "media": 2.5, "engine": 3,
+          "chat": 4, "status": 4,
           "options": 5, "langchain": 6, "llama_index": 6, "jupyter": 6, "magics": 6, "cli": 6, "__init__": 7}
 FRAMEWORKS = ("langchain_core", "langchain", "llama_index", "IPython", "pydantic", "ipywidgets")
 

@@ -17,7 +17,7 @@ import os
 
 from ..progress import Progress
 from .hub import _resolve_hf, list_cached, pull
-from .local import list_models_dirs, resolve_local
+from .local import list_models_dirs, resolve_local, resolve_mmproj
 from .spec import DEFAULT_QUANT_PREFERENCE, LocalModel, ResolvedModel, _parse_spec, parse_quant, quant_matches
 from .spec import MMPROJ_QUANT_PREFERENCE as MMPROJ_QUANT_PREFERENCE
 from .spec import _group as _group  # tests call these two directly
@@ -32,6 +32,7 @@ __all__ = [
     "parse_quant",
     "pull",
     "quant_matches",
+    "resolve_mmproj",
     "resolve_model",
 ]
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import MissingShardError, ModelNotFoundError
-from .. import paths
+from .. import gguf, paths
 from .spec import (
     _SHARD_RE,
     LocalModel,
@@ -47,6 +47,21 @@ def _local_mmproj(model: Path, shards: tuple[Path, ...]) -> Path:
             f"vision=True but there is no mmproj file (a name containing 'mmproj', ending in .gguf) next to {model}"
         )
     return folder / choice
+
+
+def resolve_mmproj(value: str) -> Path:
+    """An explicit projector file (``mmproj=``): it must exist and be a GGUF whose architecture is ``clip``
+    (llama.cpp's multimodal projectors); ModelNotFoundError otherwise, GGUFFormatError for a broken file."""
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise ModelNotFoundError(f"mmproj file not found: {path} " + ("is a directory" if path.is_dir() else
+                                                                      "does not exist"))
+    arch = gguf.read_header(path).architecture
+    if arch != "clip":
+        raise ModelNotFoundError(
+            f"{path} is no multimodal projector: its GGUF architecture is {arch!r}, a projector's is 'clip'. Give the "
+            f"mmproj file (e.g. mmproj-model-f16.gguf from the model's repo), not the model")
+    return path
 
 
 def _resolve_path(path: Path, *, vision: bool, source: str = "path") -> ResolvedModel:
