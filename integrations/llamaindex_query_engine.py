@@ -4,7 +4,7 @@
                                                    [--embed-model NAME] [--top-k 2] [--keep]
 
 A ``VectorStoreIndex`` over ``docs/`` (plus any other directory or file given with ``--docs``), embedded by
-``GGUFEmbedding`` on its own ``--embedding`` llama-server, queried with ``GGUF`` and the answer streamed token by
+``GGUFEmbedding`` (all-MiniLM-L6-v2 by default) on its own ``--embedding`` llama-server, queried with ``GGUF`` and the answer streamed token by
 token, followed by the source passages it was built from. Both servers are started by gguf-provider and stopped
 when the script ends (``--keep`` leaves them running for five minutes).
 """
@@ -26,7 +26,7 @@ from gguf_provider.llama_index import GGUF, GGUFEmbedding
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = "Qwen2.5-Coder-0.5B-Instruct"
-DEFAULT_EMBED_MODEL = "SmolLM2-135M-Instruct"
+DEFAULT_EMBED_MODEL = "all-MiniLM-L6-v2"  # a real embedder (BERT, 384 dims); chat models rank poorly
 TEXT_EXTS = [".md", ".txt", ".rst"]
 
 
@@ -46,7 +46,8 @@ def load_documents(paths: Sequence[str | Path]) -> list[Document]:
 
 
 def build_query_engine(documents: Sequence[Document], llm: GGUF, embed_model: GGUFEmbedding, *,
-                       top_k: int = 2, chunk_size: int = 512, streaming: bool = True) -> BaseQueryEngine:
+                       top_k: int = 2, chunk_size: int = 256, streaming: bool = True) -> BaseQueryEngine:
+    # Chunks well under MiniLM's 512-token context (it was trained on 256): a longer chunk would be refused.
     index = VectorStoreIndex.from_documents(
         documents, embed_model=embed_model,
         transformations=[SentenceSplitter(chunk_size=chunk_size, chunk_overlap=64)])

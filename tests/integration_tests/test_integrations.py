@@ -121,10 +121,11 @@ def test_llamaindex_query_engine_script() -> None:
     before = _llama_servers()
     pages = [a for name in ("index.md", "runtime.md", "security.md") for a in ("--docs", str(ROOT / "docs" / name))]
     out, env = _run("llamaindex_query_engine.py", "--max-tokens", "48", *pages)
-    assert re.search(r"indexing \d+ documents with SmolLM2-135M-Instruct", out), out
+    assert re.search(r"indexing \d+ documents with all-MiniLM-L6-v2", out), out
     assert "context window 4096 tokens" in out, out
     answer = out.split("> How does gguf-provider start and share llama-server?", 1)[1].split("sources:", 1)[0]
     assert answer.strip(), out
     sources = re.findall(r"\[\d\.\d+\] (\S+\.md):", out)
-    assert sources and all((ROOT / "docs" / s).is_file() for s in sources), out
+    # The page that answers it ranks first.
+    assert sources and sources[0] == "runtime.md", out
     _assert_no_new_server(before)

@@ -21,6 +21,8 @@ NEEDS_MACHINE = {
     "smollm2_path": "a model file",
     "qwen_path": "a model file",
     "gemma_path": "a model file",
+    "minilm_path": "a model file",
+    "projector_path": "a model file",
     "llama_src": "the llama.cpp source",
     "rt": "a llama-server",
 }

@@ -1,0 +1,160 @@
+"""A real embedder: all-MiniLM-L6-v2 (BERT, 384 dims, mean pooling in its header, 512-token context), converted by
+llama.cpp's own converter (scripts/test_models.py), through GGUFEmbeddings, GGUFEmbedding and the CLI.
+
+The retrieval test ranks a fixed corpus of ten documents for ten questions: MiniLM must put the right document
+first for every question, and SmolLM2 (a chat model, mean-pooled) must not, which shows the test tells a real
+embedder from a stand-in.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gguf_provider.errors import ContextOverflowError
+from gguf_provider.langchain import GGUFEmbeddings
+from gguf_provider.llama_index import GGUFEmbedding
+
+pytestmark = pytest.mark.slow
+
+DOCS = [
+    "The Eiffel Tower in Paris was completed in 1889 and is 330 metres tall.",
+    "Photosynthesis lets plants turn sunlight, water and carbon dioxide into sugar and oxygen.",
+    "A sourdough starter is a mix of flour and water colonised by wild yeast and lactic acid bacteria.",
+    "The Great Barrier Reef off Queensland is the world's largest coral reef system.",
+    "Python lists are mutable sequences; tuples are immutable and can be used as dictionary keys.",
+    "To change a flat bicycle tyre, remove the wheel, lever off the tyre and patch or replace the inner tube.",
+    "Jupiter is the largest planet in the solar system, a gas giant with a storm called the Great Red Spot.",
+    "Regular aerobic exercise lowers resting heart rate and blood pressure.",
+    "The French Revolution began in 1789 with the storming of the Bastille.",
+    "Violins have four strings tuned in fifths and are played with a bow strung with horsehair.",
+]
+QUESTIONS = [
+    "How high is the famous iron landmark in the French capital?",
+    "How do green plants make their food from light?",
+    "What makes naturally leavened bread rise?",
+    "Where can you find the biggest coral ecosystem on Earth?",
+    "Which Python collection type cannot be modified after creation?",
+    "My bike has a puncture, how do I fix it?",
+    "Which planet is the biggest one orbiting our Sun?",
+    "What does running or cycling do for the cardiovascular system?",
+    "When did the uprising that overthrew the French monarchy start?",
+    "What is the bowed string instrument with four strings made of?",
+]
+
+
+def _cos(a: list[float], b: list[float]) -> float:
+    return sum(x * y for x, y in zip(a, b, strict=True)) / (math.hypot(*a) * math.hypot(*b))
+
+
+def _hits(emb: GGUFEmbeddings) -> int:
+    docs = emb.embed_documents(DOCS)
+    hits = 0
+    for i, q in enumerate(QUESTIONS):
+        qv = emb.embed_query(q)
+        best = max(range(len(DOCS)), key=lambda j: _cos(qv, docs[j]))
+        hits += best == i
+    return hits
+
+
+@pytest.fixture(scope="module")
+def minilm(minilm_path: Path) -> Iterator[GGUFEmbeddings]:
+    emb = GGUFEmbeddings(model=str(minilm_path))
+    emb.embed_query("warm up")
+    yield emb
+    emb.unload()
+
+
+def test_minilm_ranks_the_right_document_first_for_every_question(minilm: GGUFEmbeddings) -> None:
+    assert _hits(minilm) == len(QUESTIONS)
+
+
+def test_a_chat_model_as_embedder_gets_fewer_right(smollm2_path: Path) -> None:
+    """The same corpus with SmolLM2 mean-pooled: the test above is not one any embedder passes."""
+    emb = GGUFEmbeddings(model=str(smollm2_path))
+    try:
+        assert _hits(emb) < len(QUESTIONS)
+    finally:
+        emb.unload()
+
+
+def test_pooling_comes_from_the_header(minilm: GGUFEmbeddings) -> None:
+    """No `--pooling` on the command line: the server runs MiniLM with the mean pooling its header names, and its
+    vectors are 384-dim and L2-normalised."""
+    info = minilm.engine.info
+    first = info.log_path.read_text().splitlines()[0] if info.log_path else ""
+    assert "--embedding" in first and "--pooling" not in first
+    vectors = minilm.embed_documents(["A cat sits on the mat.", "A kitten is resting on a rug.",
+                                      "The stock market fell sharply today."])
+    assert [len(v) for v in vectors] == [384] * 3
+    assert all(abs(math.hypot(*v) - 1.0) < 1e-3 for v in vectors)
+    # The sentence-transformers reference gives 0.654 and 0.087 (FIELD-NOTES §11).
+    assert _cos(vectors[0], vectors[1]) == pytest.approx(0.654, abs=0.02)
+    assert _cos(vectors[0], vectors[2]) == pytest.approx(0.087, abs=0.03)
+
+
+async def test_query_equals_document_sync_and_async(minilm: GGUFEmbeddings) -> None:
+    q = "Which planet has the Great Red Spot?"
+    assert minilm.embed_query(q) == pytest.approx(minilm.embed_documents([q])[0], abs=1e-5)
+    assert (await minilm.aembed_query(q)) == pytest.approx(minilm.embed_query(q), abs=1e-5)
+    many = [f"sentence number {i} about nothing in particular" for i in range(70)]  # three batches of 32
+    assert len(await minilm.aembed_documents(many)) == len(minilm.embed_documents(many)) == 70
+
+
+LONG = " ".join(f"word{i}" for i in range(400))  # well over 512 WordPiece tokens
+
+
+async def test_a_text_over_the_context_is_a_typed_error_by_default(minilm: GGUFEmbeddings) -> None:
+    with pytest.raises(ContextOverflowError, match=r"text 1 to embed is \d+ tokens .* at most 512") as info:
+        minilm.embed_documents(["short", LONG])
+    assert info.value.n_ctx == 512 and (info.value.n_prompt_tokens or 0) > 512
+    with pytest.raises(ContextOverflowError, match="truncate=True"):
+        await minilm.aembed_query(LONG)
+
+
+async def test_truncate_embeds_the_first_tokens(minilm: GGUFEmbeddings, minilm_path: Path) -> None:
+    cut = GGUFEmbeddings(model=str(minilm_path), truncate=True)
+    try:
+        whole = cut.embed_query(LONG)
+        assert len(whole) == 384
+        # The first 510 tokens between [CLS] and [SEP]: the same vector as the text cut there by hand.
+        tokens = minilm.engine.tokenize(LONG, special=False)[:510]
+        head = minilm.engine.client.post_json("/detokenize", {"tokens": tokens})["content"]
+        assert _cos(whole, minilm.embed_query(head)) > 0.999
+        assert _cos(await cut.aembed_query(LONG), whole) > 0.999
+    finally:
+        cut.unload()
+
+
+def test_llamaindex_embedding_ranks_like_langchain(minilm: GGUFEmbeddings, minilm_path: Path) -> None:
+    emb = GGUFEmbedding(model=str(minilm_path))
+    try:
+        docs = emb.get_text_embedding_batch(DOCS)
+        for i, q in enumerate(QUESTIONS):
+            qv = emb.get_query_embedding(q)
+            assert max(range(len(DOCS)), key=lambda j: _cos(qv, docs[j])) == i
+        assert emb.get_query_embedding(QUESTIONS[0]) == pytest.approx(minilm.embed_query(QUESTIONS[0]), abs=1e-5)
+    finally:
+        emb.unload()
+
+
+def test_cli_embed(minilm_path: Path) -> None:
+    cli = [sys.executable, "-m", "gguf_provider.cli", "embed"]
+    model = str(minilm_path)
+    out = subprocess.run([*cli, model, "A cat sits on the mat.", "A kitten is resting on a rug."], capture_output=True,
+                         text=True, timeout=120, check=True).stdout.splitlines()
+    a, b = (json.loads(line) for line in out)
+    assert len(a) == len(b) == 384 and _cos(a, b) == pytest.approx(0.654, abs=0.02)
+    doc = json.loads(subprocess.run([*cli, "--json", model], input="one\ntwo\n", capture_output=True, text=True,
+                                    timeout=120, check=True).stdout)
+    assert doc["dimensions"] == 384 and [d["text"] for d in doc["data"]] == ["one", "two"]
+    failed = subprocess.run([*cli, model, LONG], capture_output=True, text=True, timeout=120)
+    assert failed.returncode == 1 and "at most 512" in failed.stderr and "truncate" in failed.stderr
+    cut = subprocess.run([*cli, "--truncate", model, LONG], capture_output=True, text=True, timeout=120, check=True)
+    assert len(json.loads(cut.stdout)) == 384
