@@ -195,9 +195,11 @@ def _client_kwargs(timeout: float) -> dict[str, Any]:
             "headers": {"User-Agent": _USER_AGENT, "Accept": "image/*"}}
 
 
-def fetch(url: str, *, transport: httpx.BaseTransport | None = None, max_bytes: int = MAX_IMAGE_BYTES,
-          timeout: float = FETCH_TIMEOUT) -> str:
-    """The image at ``url`` as a base64 data URI; :class:`MediaFetchError` naming the URL on any failure."""
+def fetch(url: str, *, transport: httpx.BaseTransport | None = None, max_bytes: int | None = None,
+          timeout: float | None = None) -> str:
+    """The image at ``url`` as a base64 data URI; :class:`MediaFetchError` naming the URL on any failure. The limits
+    default to :data:`MAX_IMAGE_BYTES` and :data:`FETCH_TIMEOUT` (read at each call)."""
+    max_bytes, timeout = max_bytes or MAX_IMAGE_BYTES, timeout or FETCH_TIMEOUT
     deadline = time.monotonic() + timeout
     try:
         with httpx.Client(transport=transport, **_client_kwargs(timeout)) as client, \
@@ -215,8 +217,9 @@ def fetch(url: str, *, transport: httpx.BaseTransport | None = None, max_bytes: 
     return _data_uri(url, mime, bytes(body))
 
 
-async def afetch(url: str, *, transport: httpx.AsyncBaseTransport | None = None, max_bytes: int = MAX_IMAGE_BYTES,
-                 timeout: float = FETCH_TIMEOUT) -> str:
+async def afetch(url: str, *, transport: httpx.AsyncBaseTransport | None = None, max_bytes: int | None = None,
+                 timeout: float | None = None) -> str:
+    max_bytes, timeout = max_bytes or MAX_IMAGE_BYTES, timeout or FETCH_TIMEOUT
     deadline = time.monotonic() + timeout
     try:
         async with httpx.AsyncClient(transport=transport, **_client_kwargs(timeout)) as client, \

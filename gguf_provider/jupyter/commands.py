@@ -9,12 +9,15 @@ reply streams live into the cell output.
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import json
+import mimetypes
 import re
 import shlex
 from collections.abc import Generator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -36,6 +39,7 @@ class _Turn:
     key: str
     user: str
     reply: str
+    images: tuple[str, ...] = ()  # the cell's --image files as data URIs (or http(s) URLs), resent with the history
 
 
 @dataclass
@@ -69,7 +73,30 @@ def _cell_parser() -> _ArgParser:
     think.add_argument("--think", dest="think", action="store_true", default=None)
     think.add_argument("--no-think", dest="think", action="store_false")
     p.add_argument("--no-interpolate", action="store_true")
+    p.add_argument("-i", "--image", action="append", default=[])
     return p
+
+
+def image_url(value: str, cwd: Path | None = None) -> str:
+    """``--image``'s value as a URL llama-server takes: an http(s) URL as it is (the engine fetches it), a file as a
+    base64 data URI. UsageError for a missing file or one that is not an image."""
+    if value.startswith(("http://", "https://", "data:")):
+        return value
+    path = Path(value).expanduser()
+    if not path.is_absolute() and cwd is not None:
+        path = cwd / path
+    if not path.is_file():
+        raise UsageError(f"%%gguf --image: no such file: {value}")
+    mime = mimetypes.guess_type(path.name)[0] or ""
+    if not mime.startswith("image/"):
+        raise UsageError(f"%%gguf --image: {value} is not an image file (.png, .jpg, .gif, .bmp, .webp)")
+    return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode('ascii')}"
+
+
+def _user_content(prompt: str, images: tuple[str, ...]) -> str | list[dict[str, Any]]:
+    if not images:
+        return prompt
+    return [{"type": "text", "text": prompt}, *({"type": "image_url", "image_url": {"url": u}} for u in images)]
 
 
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)\}")
@@ -121,7 +148,7 @@ class GGUFMagics(Magics):
     def gguf(self, line: str, cell: str | None = None) -> Any:
         """%gguf load SPEC | ps | list | unload [NAME|--all] | use NAME | reset [NAME] | history | config | PROMPT
         %%gguf [NAME] [-s SYSTEM] [-t TEMP] [-n MAX_TOKENS] [--no-history] [-o VAR] [-f FORMAT] [--think|--no-think]
-        [--no-interpolate]"""
+        [--no-interpolate] [--image PATH_OR_URL ...]"""
         try:
             if cell is not None:
                 return self._cell(line, cell)
@@ -157,11 +184,13 @@ class GGUFMagics(Magics):
         p.add_argument("--as", dest="alias")
         p.add_argument("--reasoning", choices=["on", "off"])
         p.add_argument("--chat-template-file")
+        p.add_argument("--vision", action="store_true")
+        p.add_argument("--mmproj")
         ns = p.parse_args(args)
         name = ns.alias or ns.spec.rsplit("/", 1)[-1].removesuffix(".gguf")
         progress = _Progress(self._shell)
         config = EngineConfig(model=ns.spec, quant=ns.quant, n_ctx=ns.ctx, chat_template_file=ns.chat_template_file,
-                              progress=progress)
+                              vision=ns.vision or bool(ns.mmproj), mmproj=ns.mmproj, progress=progress)
         engine = Engine(config)
         try:
             info = engine.load()
@@ -173,7 +202,8 @@ class GGUFMagics(Magics):
         reasoning = None if ns.reasoning is None else ns.reasoning == "on"
         self.models[name] = _Model(name, engine, reasoning)
         self.current = name
-        return ModelSummary(name, info.model, info.n_ctx, info.address.describe(), engine.capabilities())
+        return ModelSummary(name, info.model, info.n_ctx, info.address.describe(), engine.capabilities(),
+                            engine.modalities())
 
     def _cmd_ps(self, args: list[str]) -> _Table:
         rows = [{"id": r.id, "pid": r.pid, "model": r.model.rsplit("/", 1)[-1], "ctx": r.ctx, "leases": r.leases}
@@ -244,7 +274,8 @@ class GGUFMagics(Magics):
             raise UsageError("%%gguf: the cell is empty: write your message below the %%gguf line")
         system = ns.system if ns.system is not None else self.settings["system"]
         key = self._cell_id or hashlib.sha256(f"{line}\n{cell}".encode()).hexdigest()[:16]
-        messages = self._messages(model, prompt, system, history=not ns.no_history, replace_key=key)
+        images = tuple(image_url(v, Path.cwd()) for v in ns.image)
+        messages = self._messages(model, prompt, system, history=not ns.no_history, replace_key=key, images=images)
         temperature = ns.temperature if ns.temperature is not None else self.settings["temperature"]
         max_tokens = ns.max_tokens if ns.max_tokens is not None else self.settings["max_tokens"]
         reasoning = ns.think if ns.think is not None else model.reasoning
@@ -252,7 +283,7 @@ class GGUFMagics(Magics):
         reply = self._run(model, messages, temperature, max_tokens, reasoning, response_format,
                           live=ns.format != "json", markdown=ns.format != "text")
         if not ns.no_history:
-            self._record(model, key, prompt, reply.text)
+            self._record(model, key, prompt, reply.text, images)
         if ns.output:
             self._shell.user_ns[ns.output] = reply.text
         if ns.format == "json":
@@ -276,22 +307,23 @@ class GGUFMagics(Magics):
         return self.models[name]
 
     def _messages(self, model: _Model, prompt: str, system: str | None, *, history: bool,
-                  replace_key: str | None = None) -> list[dict[str, Any]]:
+                  replace_key: str | None = None, images: tuple[str, ...] = ()) -> list[dict[str, Any]]:
         messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
         if history:
             for turn in model.history:
                 if turn.key == replace_key:
                     break  # re-running a cell replaces its turn: the conversation up to it is the context
-                messages += [{"role": "user", "content": turn.user}, {"role": "assistant", "content": turn.reply}]
-        messages.append({"role": "user", "content": prompt})
+                messages += [{"role": "user", "content": _user_content(turn.user, turn.images)},
+                             {"role": "assistant", "content": turn.reply}]
+        messages.append({"role": "user", "content": _user_content(prompt, images)})
         return messages
 
-    def _record(self, model: _Model, key: str, prompt: str, reply: str) -> None:
+    def _record(self, model: _Model, key: str, prompt: str, reply: str, images: tuple[str, ...] = ()) -> None:
         for i, turn in enumerate(model.history):
             if turn.key == key:
-                model.history[i] = _Turn(key, prompt, reply)
+                model.history[i] = _Turn(key, prompt, reply, images)
                 return
-        model.history.append(_Turn(key, prompt, reply))
+        model.history.append(_Turn(key, prompt, reply, images))
 
     def _run(self, model: _Model, messages: list[dict[str, Any]], temperature: float | None,
              max_tokens: int | None, reasoning: bool | None, response_format: dict[str, Any] | None = None,

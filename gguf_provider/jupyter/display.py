@@ -69,17 +69,23 @@ class ModelSummary:
     n_ctx: int
     address: str
     caps: dict[str, Any]
+    modalities: dict[str, bool] = field(default_factory=dict)  # /props: {"vision": True, "audio": False, ...}
 
     def _flags(self) -> str:
         keys = ("supports_tools", "supports_parallel_tool_calls", "supports_preserve_reasoning", "supports_system_role")
         return ", ".join(k.removeprefix("supports_") for k in keys if self.caps.get(k)) or "plain chat"
 
+    def _inputs(self) -> str:
+        names = {"vision": "images", "audio": "audio"}
+        return ", ".join(["text", *(names[k] for k in names if self.modalities.get(k))])
+
     def _repr_markdown_(self) -> str:
         return (f"**{self.name}** loaded\n\n| | |\n|---|---|\n| path | `{self.path}` |\n| context | {self.n_ctx} "
-                f"tokens |\n| template | {self._flags()} |\n| server | `{self.address}` |")
+                f"tokens |\n| inputs | {self._inputs()} |\n| template | {self._flags()} |\n| server | `{self.address}` |")
 
     def __repr__(self) -> str:
-        return f"{self.name} loaded: {self.path}\n  context {self.n_ctx} tokens · template: {self._flags()} · {self.address}"
+        return (f"{self.name} loaded: {self.path}\n  context {self.n_ctx} tokens · inputs: {self._inputs()} · "
+                f"template: {self._flags()} · {self.address}")
 
 
 @dataclass

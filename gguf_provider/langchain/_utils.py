@@ -33,15 +33,10 @@ def _content(content: str | list[Any]) -> str | list[dict[str, Any]]:
         if btype == "text":
             parts.append({"type": "text", "text": block.get("text", "")})
         elif btype == "image_url":
-            parts.append({"type": "image_url", "image_url": block["image_url"]})
+            value = block["image_url"]  # OpenAI: {"url": ..., "detail": ...}; older LangChain: the URL itself
+            parts.append({"type": "image_url", "image_url": value if isinstance(value, dict) else {"url": value}})
         elif btype == "image":
-            source = block.get("source") or {}  # Anthropic style: {"type": "base64", "media_type", "data"}
-            if block.get("url") or source.get("type") == "url":
-                parts.append({"type": "image_url", "image_url": {"url": block.get("url") or source["url"]}})
-            else:
-                data = block.get("base64") or block.get("data") or source.get("data")
-                mime = block.get("mime_type") or source.get("media_type") or "image/jpeg"
-                parts.append({"type": "image_url", "image_url": {"url": f"data:{mime};base64,{data}"}})
+            parts.append({"type": "image_url", "image_url": {"url": _image_url(block)}})
         elif btype == "input_audio":
             parts.append({"type": "input_audio", "input_audio": block["input_audio"]})
         elif btype == "audio" and (block.get("base64") or block.get("data")):
@@ -54,6 +49,23 @@ def _content(content: str | list[Any]) -> str | list[dict[str, Any]]:
     if all(p["type"] == "text" for p in parts):
         return "".join(p["text"] for p in parts)
     return parts
+
+
+def _image_url(block: dict[str, Any]) -> str:
+    """The URL (http(s) or data:) of a LangChain ``image`` block: v1 ``{"url"}`` / ``{"base64", "mime_type"}``, v0
+    ``{"source_type": "url"|"base64", "url"|"data"}``, or Anthropic's ``{"source": {"type": "url"|"base64"}}``.
+    http(s) URLs are fetched and inlined by the engine (:mod:`gguf_provider.media`)."""
+    source: dict[str, Any] = block["source"] if isinstance(block.get("source"), dict) else {}
+    url = block.get("url") or (source.get("url") if source.get("type") == "url" else None)
+    if url:
+        return str(url)
+    data = block.get("base64") or block.get("data") or (source.get("data") if source.get("type") == "base64" else None)
+    if not data:
+        keys = sorted(k for k in block if k != "type")
+        raise ValueError(f"image block with {keys} has no url or base64 data: ChatGGUF takes an http(s)/data URL "
+                         f"('url') or base64 data ('base64' with 'mime_type'); provider file ids are not supported")
+    mime = block.get("mime_type") or source.get("media_type") or "image/jpeg"
+    return f"data:{mime};base64,{data}"
 
 
 def to_openai(messages: Sequence[BaseMessage], *, keep_reasoning: bool) -> list[dict[str, Any]]:

@@ -223,6 +223,55 @@ def test_quickstart_notebook_executes(tmp_path: Path) -> None:
     assert "unloaded SmolLM2-135M-Instruct" in text("%gguf unload")
 
 
+def test_image_cell_in_an_executed_notebook(tmp_path: Path, smollm2_path: Path, projector_path: Path) -> None:
+    """`%gguf load ... --vision` and `%%gguf --image PATH` (repeatable) in a real kernel: the prompt the server counts
+    grows by the image's tokens per image (the projector's weights are random: the words are not checked), the
+    image stays in the history, and a model loaded without --vision refuses the image in one line."""
+    from PIL import Image
+
+    Image.new("RGB", (64, 64), (200, 30, 30)).save(tmp_path / "red.png")
+    Image.new("RGB", (80, 60), (20, 120, 220)).save(tmp_path / "blue.jpg")
+    cells = [
+        "%load_ext gguf_provider",
+        f"%gguf load {smollm2_path} --vision --ctx 2048 --as eye",
+        "%%gguf --no-history -t 0 -n 1\nDescribe this image.",
+        "print('usage', _gguf_last.usage['input_tokens'])",
+        "%%gguf --no-history -t 0 -n 1 --image red.png\nDescribe this image.",
+        "print('usage', _gguf_last.usage['input_tokens'])",
+        "%%gguf --no-history -t 0 -n 1 --image red.png -i blue.jpg\nDescribe this image.",
+        "print('usage', _gguf_last.usage['input_tokens'])",
+        "%%gguf -t 0 -n 1 --image red.png\nDescribe this image.",
+        "%%gguf -t 0 -n 1\nAnd again?",
+        "print('history', [len(t.images) for t in get_ipython().magics_manager.registry['GGUFMagics'].models['eye']"
+        ".history], _gguf_last.usage['input_tokens'])",
+        "%gguf unload eye",
+        f"%gguf load {smollm2_path} --ctx 2048 --as blind",
+        "%%gguf --no-history -t 0 -n 1 --image red.png\nDescribe this image.",
+        "%gguf unload blind",
+    ]
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
+    from nbclient import NotebookClient
+
+    NotebookClient(nb, kernel_name="python3", timeout=240, allow_errors=True,
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+
+    def text(i: int) -> str:
+        return "\n".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", "")) + str(o.get("evalue", ""))
+                         for o in nb.cells[i].outputs)
+
+    assert "inputs: text, images" in text(1)
+    no_image, one, two = (int(text(i).split("usage")[1].split()[0]) for i in (3, 5, 7))
+    per_image = one - no_image
+    assert per_image > 0 and two - no_image == 2 * per_image
+    history = text(10).split("history")[1].split()
+    assert history[:2] == ["[1,", "0]"] and int(history[2]) > per_image  # the second turn resends the image
+    assert "inputs: text ·" in text(12)
+    refused = text(13)
+    assert "UsageError" in str(nb.cells[13].outputs) and "vision=True" in refused and "500" not in refused
+
+
 @pytest.mark.parametrize("fmt", ["text", "markdown"])
 def test_terminal_reply_is_printed_once(ip: Any, fmt: str, capsys: pytest.CaptureFixture[str]) -> None:
     """In terminal IPython the reply streams as it comes and is not printed again (``-f text`` neither)."""
