@@ -3,17 +3,28 @@
 The model is Qwen2.5-Coder-0.5B-Instruct (its template has tools). The suite builds a new ChatGGUF for nearly every
 test; all of them have the same server spec, so they share one llama-server through the runtime's registry. A
 module-scoped lease keeps that server up between tests (the session runs with GGUF_PROVIDER_KEEP_ALIVE=0).
+
+The image tests run for real in TestChatGGUFVisionStandard: SmolLM2 with the test projector (random weights: the
+tests only check that a reply comes back), and the image the standard tests download is served from this machine.
 """
 
 from __future__ import annotations
 
+import functools
+import http.server
+import inspect
+import io
+import threading
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
+import langchain_tests.integration_tests.chat_models as standard
 import pytest
 from langchain_core.language_models import BaseChatModel
 from langchain_tests.integration_tests import ChatModelIntegrationTests
 
+from gguf_provider.errors import UnsupportedInputError
 from gguf_provider.langchain import ChatGGUF
 from scripts.test_models import ensure
 
@@ -21,8 +32,69 @@ pytestmark = pytest.mark.slow
 
 N_CTX = 3072  # not 4096: other suites share 4096 servers; a distinct spec keeps this suite its own server
 
+# The image test_image_inputs and test_anthropic_inputs download (a local variable of each test, fetched with
+# httpx.get; test_image_inputs also passes it to the model as an image URL).
+STANDARD_IMAGE_URL = ("https://raw.githubusercontent.com/langchain-ai/docs/4d11d08b6b0e210bd456943f7a22febbd168b543/"
+                      "src/images/agentic-rag-output.png")
+
 
 @pytest.fixture(scope="module", autouse=True)
+def _standard_image() -> Iterator[list[str]]:
+    """Serve a real PNG (made with Pillow) on 127.0.0.1 and send every httpx request for STANDARD_IMAGE_URL there:
+    the standard tests' own download and our fetch of the URL alike. Only that URL is redirected."""
+    from PIL import Image, ImageDraw
+
+    for test in (standard.ChatModelIntegrationTests.test_image_inputs,
+                 standard.ChatModelIntegrationTests.test_anthropic_inputs):
+        assert STANDARD_IMAGE_URL in inspect.getsource(test), "langchain-tests changed its image URL: update it here"
+    image = Image.new("RGB", (320, 200), (240, 240, 240))
+    ImageDraw.Draw(image).rectangle((40, 40, 280, 160), outline=(20, 60, 200), width=6)
+    buf = io.BytesIO()
+    image.save(buf, "PNG")
+    png = buf.getvalue()
+    agents: list[str] = []  # the User-Agent of each download
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            agents.append(self.headers.get("User-Agent", ""))
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", str(len(png)))
+            self.end_headers()
+            self.wfile.write(png)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    local = f"http://127.0.0.1:{httpd.server_address[1]}/agentic-rag-output.png"
+
+    def redirected(request: httpx.Request) -> httpx.Request:
+        if str(request.url) != STANDARD_IMAGE_URL:
+            return request
+        headers = {k: v for k, v in request.headers.items() if k.lower() != "host"}
+        return httpx.Request(request.method, local, headers=headers, extensions=request.extensions)
+
+    sync_send, async_send = httpx.HTTPTransport.handle_request, httpx.AsyncHTTPTransport.handle_async_request
+
+    @functools.wraps(sync_send)
+    def handle_request(self: httpx.HTTPTransport, request: httpx.Request) -> httpx.Response:
+        return sync_send(self, redirected(request))
+
+    @functools.wraps(async_send)
+    async def handle_async_request(self: httpx.AsyncHTTPTransport, request: httpx.Request) -> httpx.Response:
+        return await async_send(self, redirected(request))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(httpx.HTTPTransport, "handle_request", handle_request)
+        mp.setattr(httpx.AsyncHTTPTransport, "handle_async_request", handle_async_request)
+        yield agents
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture(scope="module")
 def _shared_server() -> Iterator[ChatGGUF]:
     llm = ChatGGUF(model=str(ensure("qwen")), n_ctx=N_CTX).load()
     # The per-call model of the model-override tests, kept up between them the same way.
@@ -34,6 +106,7 @@ def _shared_server() -> Iterator[ChatGGUF]:
         held.unload()
 
 
+@pytest.mark.usefixtures("_shared_server")
 class TestChatGGUFIntegration(ChatModelIntegrationTests):
     @property
     def chat_model_class(self) -> type[BaseChatModel]:
@@ -123,22 +196,23 @@ class TestChatGGUFIntegration(ChatModelIntegrationTests):
         super().test_agent_loop(model)
 
     # ChatGGUF passes image and audio blocks through as OpenAI image_url / input_audio parts (llama-server takes
-    # them with an mmproj, ``vision=True``). These tests fetch their media from the internet and need a multimodal
-    # GGUF: this machine is offline and the test models are text-only. test_chat_models.py covers Anthropic-style
-    # histories without the image, tests/unit_tests the translation of the blocks.
-    _NO_VISION = ("downloads its test image from the internet (offline machine) and needs a vision GGUF with an "
-                  "mmproj (the test models are text-only)")
+    # them with an mmproj: ``vision=True`` or ``mmproj=``). Qwen here has no projector, so the image is refused
+    # before the request with UnsupportedInputError (never a server 500); TestChatGGUFVisionStandard runs both
+    # tests for real with SmolLM2 and the test projector. The audio test downloads from the internet and needs an
+    # audio projector.
+    _NO_VISION = ("the Qwen test model has no projector: the image is refused with UnsupportedInputError before the "
+                  "request (TestChatGGUFVisionStandard runs this test with SmolLM2 + a projector)")
 
     @pytest.mark.xfail(reason="downloads its test audio from the internet (offline machine) and needs an audio GGUF "
                               "with an mmproj (the test models are text-only)", strict=True)
     def test_audio_inputs(self, model: BaseChatModel) -> None:
         super().test_audio_inputs(model)
 
-    @pytest.mark.xfail(reason=_NO_VISION, strict=True)
+    @pytest.mark.xfail(reason=_NO_VISION, raises=UnsupportedInputError, strict=True)
     def test_image_inputs(self, model: BaseChatModel) -> None:
         super().test_image_inputs(model)
 
-    @pytest.mark.xfail(reason=_NO_VISION, strict=True)
+    @pytest.mark.xfail(reason=_NO_VISION, raises=UnsupportedInputError, strict=True)
     def test_anthropic_inputs(self, model: BaseChatModel) -> None:
         super().test_anthropic_inputs(model)
 
@@ -156,3 +230,61 @@ class TestChatGGUFModelAlone(TestChatGGUFIntegration):
     @property
     def standard_chat_model_params(self) -> dict[str, Any]:
         return {}
+
+
+class _VisionSuite(ChatModelIntegrationTests):
+    """The standard suite's settings for SmolLM2 with the test projector (not collected: only the two image tests
+    below run with it)."""
+
+    @property
+    def chat_model_class(self) -> type[BaseChatModel]:
+        return ChatGGUF
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        ensure("projector")  # beside SmolLM2: vision=True finds it
+        return {"model": str(ensure("smollm2")), "vision": True, "n_ctx": 2048, "temperature": 0, "max_tokens": 20}
+
+    @property
+    def has_tool_calling(self) -> bool:
+        return True
+
+    @property
+    def supports_image_inputs(self) -> bool:
+        return True
+
+    @property
+    def supports_image_urls(self) -> bool:
+        return True  # http(s) URLs are fetched by gguf-provider and sent inline
+
+    @property
+    def supports_anthropic_inputs(self) -> bool:
+        return True
+
+
+class TestChatGGUFVisionStandard:
+    """test_image_inputs and test_anthropic_inputs as langchain-tests wrote them, on a model that takes images: every
+    image form reaches llama-server (OpenAI data URI, standard base64, standard URL, Anthropic base64). The tests
+    only check that a reply comes back; tests/integration_tests/test_vision.py checks the image tokens."""
+
+    suite = _VisionSuite()
+
+    def test_image_inputs(self, vision_model: BaseChatModel, _standard_image: list[str]) -> None:
+        from gguf_provider import media
+
+        before = len(_standard_image)
+        self.suite.test_image_inputs(vision_model)
+        # the test's own download (httpx.get), then ours of the URL it passes to the model
+        assert [ua.split("/")[0] for ua in _standard_image[before:]] == ["python-httpx", media._USER_AGENT]
+
+    def test_anthropic_inputs(self, vision_model: BaseChatModel) -> None:
+        self.suite.test_anthropic_inputs(vision_model)
+
+
+@pytest.fixture(scope="module")
+def vision_model() -> Iterator[BaseChatModel]:
+    suite = _VisionSuite()
+    llm = ChatGGUF(**{**suite.standard_chat_model_params, **suite.chat_model_params}).load()
+    assert llm.profile is not None and llm.profile["image_inputs"] is True
+    yield llm
+    llm.unload()
