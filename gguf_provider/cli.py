@@ -69,17 +69,22 @@ def cmd_server_version(args: argparse.Namespace) -> int:
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
-    from .status import running_servers
+    from .status import memory_budget, running_servers
 
     rows = running_servers()
+    budget = memory_budget(rows)
     if args.json:
-        print(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
-    elif not rows:
+        print(json.dumps({"servers": [dataclasses.asdict(r) for r in rows], "budget": dataclasses.asdict(budget)},
+                         indent=2))
+        return 0
+    if not rows:
         print("no servers running")
-    else:
-        for r in rows:
-            print(f"{r.id}  pid {r.pid:>7}  ctx {r.ctx:>6}  rss {r.rss / 2**20:7.0f} MiB  leases "
-                  f"{r.leases}  idle {r.idle_s:>6.0f}s  {r.model}  {r.address}")
+    now = time.time()
+    for r in rows:
+        print(f"{r.id}  pid {r.pid:>7}  ctx {r.ctx:>6}  mem {r.memory / 2**20:6.0f} MiB (rss "
+              f"{r.rss / 2**20:.0f})  leases {r.leases}  last used {now - r.last_used:6.0f}s ago  {r.model}  "
+              f"{r.address}")
+    print(budget.describe())
     return 0
 
 

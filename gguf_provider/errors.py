@@ -12,7 +12,7 @@ Every error the library raises on purpose derives from :class:`GGUFProviderError
     │   ├── GGUFFormatError                not a valid GGUF file, or truncated
     │   ├── InsufficientDiskError          not enough disk for the download
     │   └── ModelDownloadError             the download failed or is incomplete
-    ├── InsufficientMemoryError            the model does not fit at any usable context
+    ├── InsufficientMemoryError            the model does not fit (free memory, budget, model count)
     ├── MediaFetchError                    an image URL could not be fetched           .url .status_code
     ├── ServerError                        the llama-server process failed             .log_tail .log_path
     │   ├── ServerStartError               exited or not healthy while starting
@@ -186,3 +186,8 @@ class LoopWarning(UserWarning):
 class RepeatedToolCallWarning(UserWarning):
     """A model's reply only repeated a tool call whose result the conversation already had; it was asked once more
     without tools."""
+
+
+class MemoryBudgetWarning(UserWarning):
+    """A server started with a smaller automatic context than its model's own to fit the memory budget
+    (``$GGUF_PROVIDER_MEMORY_LIMIT``)."""

@@ -9,9 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import psutil
-
-from .runtime import registry
+from .runtime import budget, registry
 from .runtime.models import LocalModel, list_local_models
 
 
@@ -28,6 +26,25 @@ class ServerStatus:
     leases: int  # live client processes
     idle_s: float  # seconds since its last client let go, 0 while one holds it
     shared: bool
+    memory: int  # bytes counted against the memory budget: its charge (weights + KV at its context) or RSS
+    charge: int  # weights + mmproj + KV cache at its context, computed at start
+    last_used: float  # Unix time of its last lease taken or given back
+    holders: tuple[int, ...]  # pids of the client processes holding it
+
+
+@dataclass(frozen=True)
+class BudgetStatus:
+    """The memory budget of all our servers (the ``budget`` object of ``gguf-provider ps --json``)."""
+
+    used: int  # bytes our servers hold (the sum of their `memory`)
+    limit: int | None  # $GGUF_PROVIDER_MEMORY_LIMIT, None: the free memory at each start decides
+    servers: int
+    max_models: int | None  # $GGUF_PROVIDER_MAX_MODELS, None: no count limit
+
+    def describe(self) -> str:
+        limit = f"{self.limit / 2**20:.0f} MiB" if self.limit is not None else "free memory"
+        count = f"{self.servers}/{self.max_models}" if self.max_models is not None else str(self.servers)
+        return f"memory budget: {self.used / 2**20:.0f} MiB used / {limit}; servers {count}"
 
 
 def running_servers() -> list[ServerStatus]:
@@ -35,16 +52,22 @@ def running_servers() -> list[ServerStatus]:
     registry.sweep()
     rows = []
     for key, e in registry.read().items():
-        try:
-            rss = psutil.Process(int(e["pid"])).memory_info().rss
-        except psutil.Error:
-            rss = 0
+        rss = budget.rss(int(e["pid"]))
         idle = time.time() - e["idle_since"] if e.get("idle_since") else 0.0
+        charge = int(e.get("charge") or 0)
         rows.append(ServerStatus(id=key[:12], pid=e["pid"], model=e["model"], ctx=e["n_ctx"],
                                  address=f"unix:{e['socket']}" if e.get("socket") else e.get("url"), rss=rss,
                                  leases=len(e.get("leases", {})), idle_s=round(idle, 1),
-                                 shared=e.get("shared", True)))
+                                 shared=e.get("shared", True), memory=max(charge, rss), charge=charge,
+                                 last_used=float(e.get("last_used") or e.get("started_at") or 0.0),
+                                 holders=tuple(sorted(int(p) for p in e.get("leases", {})))))
     return rows
+
+
+def memory_budget(rows: list[ServerStatus] | None = None) -> BudgetStatus:
+    rows = running_servers() if rows is None else rows
+    return BudgetStatus(used=sum(r.memory for r in rows), limit=budget.memory_limit(), servers=len(rows),
+                        max_models=budget.max_models())
 
 
 def local_models() -> list[LocalModel]:

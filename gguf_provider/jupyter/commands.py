@@ -15,6 +15,7 @@ import json
 import mimetypes
 import re
 import shlex
+import time
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,9 +207,12 @@ class GGUFMagics(Magics):
                             engine.modalities())
 
     def _cmd_ps(self, args: list[str]) -> _Table:
-        rows = [{"id": r.id, "pid": r.pid, "model": r.model.rsplit("/", 1)[-1], "ctx": r.ctx, "leases": r.leases}
-                for r in status.running_servers()]
-        return _Table(rows, "no servers running")
+        servers = status.running_servers()
+        now = time.time()
+        rows = [{"id": r.id, "pid": r.pid, "model": r.model.rsplit("/", 1)[-1], "ctx": r.ctx, "leases": r.leases,
+                 "memory": f"{r.memory / 2**20:.0f} MiB", "last used": f"{now - r.last_used:.0f} s ago"}
+                for r in servers]
+        return _Table(rows, "no servers running", status.memory_budget(servers).describe())
 
     def _cmd_list(self, args: list[str]) -> _Table:
         rows = [{"name": m.name, "size": f"{m.size_bytes / 2**20:.0f} MiB", "path": m.path}

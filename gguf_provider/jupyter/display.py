@@ -94,23 +94,24 @@ class _Table:
 
     rows: list[dict[str, Any]]
     empty: str
+    footer: str = ""  # a line under the table (e.g. the memory budget)
 
     def _repr_markdown_(self) -> str:
         if not self.rows:
-            return f"_{self.empty}_"
+            return f"_{self.empty}_" + (f"\n\n{self.footer}" if self.footer else "")
         cols = list(self.rows[0])
         lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in self.rows]
-        return "\n".join(lines)
+        return "\n".join(lines + ([f"\n{self.footer}"] if self.footer else []))
 
     def __repr__(self) -> str:
         if not self.rows:
-            return self.empty
+            return self.empty + (f"\n{self.footer}" if self.footer else "")
         cols = list(self.rows[0])
         widths = {c: max(len(c), *(len(str(r[c])) for r in self.rows)) for c in cols}
         lines = ["  ".join(c.ljust(widths[c]) for c in cols)]
         lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in cols) for r in self.rows]
-        return "\n".join(lines)
+        return "\n".join(lines + ([self.footer] if self.footer else []))
 
 
 class _LiveOutput:

@@ -22,9 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import filelock
 import httpx
 
 from ..errors import GGUFFormatError, ServerConnectionError, ServerStartError, ServerTimeoutError
+from . import budget as budget_mod
 from . import discovery, paths, process, registry
 from .process import Address
 from .progress import Progress
@@ -73,6 +75,13 @@ class ServerSpec:
                      self.chat_template, self.chat_template_file, self.reasoning_format, list(self.rpc_servers),
                      list(self.server_args), self.port],
         }
+
+    def family(self, binary: Path) -> str:
+        """The identity without the context: servers of one family differ only in ``n_ctx``, so one with a
+        context at least the asked one serves the request."""
+        ident = self.identity(binary)
+        ident["args"] = ident["args"][1:]
+        return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
 
 
 @dataclass
@@ -243,11 +252,22 @@ class ServerManager:
         if not shared:
             ident["private"] = [os.getpid(), secrets.token_hex(8)]
         key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
+        family = spec.family(binary)
+        if shared and spec.n_ctx:
+            # A running server of the same family with at least this context serves it (a second one would
+            # only cost memory).
+            with self._lock:
+                for other in _compatible(family, spec.n_ctx, key):
+                    with registry.key_lock(other):
+                        info = self._attach(other)
+                    if info is not None:
+                        self._refs[other] = self._refs.get(other, 0) + 1
+                        return Lease(self, info)
         with self._lock, registry.key_lock(key):
             info = self._attach(key) if shared else None
             if info is None:
                 info = self._start(key, spec, binary, shared=shared, keep_alive=keep_alive,
-                                   start_timeout=start_timeout, progress=progress)
+                                   start_timeout=start_timeout, progress=progress, family=family)
             self._refs[key] = self._refs.get(key, 0) + 1
         return Lease(self, info)
 
@@ -284,29 +304,54 @@ class ServerManager:
             return None  # the address answers, but not as our server
         info.props = props
         info.n_ctx = props_n_ctx(props) or info.n_ctx
-        self._add_lease(key)
+        if not self._add_lease(key):
+            return None  # stopped meanwhile (evicted to make room): start afresh
         return info
 
-    def _add_lease(self, key: str) -> None:
+    def _add_lease(self, key: str) -> bool:
         me = os.getpid()
         with registry.locked() as data:
             entry = data.get(key)
-            if entry is not None:
-                entry.setdefault("leases", {})[str(me)] = process.create_time(me)
-                entry["idle_since"] = None
+            if entry is None:
+                return False
+            entry.setdefault("leases", {})[str(me)] = process.create_time(me)
+            entry["idle_since"] = None
+            entry["last_used"] = time.time()
+            return True
 
     def _start(self, key: str, spec: ServerSpec, binary: Path, *, shared: bool, keep_alive: float,
-               start_timeout: float, progress: Progress | None) -> ServerInfo:
-        from . import fit, gguf
+               start_timeout: float, progress: Progress | None, family: str = "") -> ServerInfo:
+        from . import gguf
 
+        budget = budget_mod
         caps = discovery.probe(binary)
         # A file that is not GGUF or is cut short fails here, typed and before anything is spawned.
         header = gguf.read_header(spec.model)
-        n_ctx = spec.n_ctx
-        if n_ctx is None or n_ctx <= 0:
-            files = [*(spec.shards or (spec.model,)), *([spec.mmproj] if spec.mmproj else [])]
-            size = sum(p.stat().st_size for p in files)
-            n_ctx = fit.fit_context(header, size, n_gpu_layers=spec.n_gpu_layers, memory=fit_memory(binary)).n_ctx
+        files = [*(spec.shards or (spec.model,)), *([spec.mmproj] if spec.mmproj else [])]
+        size = sum(p.stat().st_size for p in files)
+        # One admission at a time across processes: evictions, the context and the registration are decided
+        # together, so racing processes never both count the same free memory.
+        try:
+            admission_lock = budget.admission_lock()
+            admission_lock.acquire()
+        except filelock.Timeout as exc:
+            raise ServerTimeoutError(f"another process has been starting a server for {exc.lock_file}'s "
+                                     f"{budget.ADMISSION_TIMEOUT:.0f} s limit; try again") from None
+        try:
+            admitted = budget.admit(header, size, requested=spec.n_ctx if spec.n_ctx and spec.n_ctx > 0 else None,
+                                    n_gpu_layers=spec.n_gpu_layers, memory=lambda: fit_memory(binary))
+            return self._spawn(key, spec, binary, caps, header.pooling_type, admitted, shared=shared,
+                               keep_alive=keep_alive, start_timeout=start_timeout, progress=progress,
+                               family=family, admission_lock=admission_lock)
+        finally:
+            if admission_lock.is_locked:
+                admission_lock.release()
+
+    def _spawn(self, key: str, spec: ServerSpec, binary: Path, caps: discovery.ServerCapabilities,
+               header_pooling: int | None, admitted: budget_mod.Admission, *, shared: bool, keep_alive: float,
+               start_timeout: float, progress: Progress | None, family: str,
+               admission_lock: filelock.BaseFileLock) -> ServerInfo:
+        n_ctx = admitted.n_ctx
         run = paths.runtime_dir()
         tag = f"{key[:16]}-{secrets.token_hex(3)}"
         alias = f"gguf-provider-{key[:16]}"
@@ -322,7 +367,7 @@ class ServerManager:
             address = Address(url=f"http://127.0.0.1:{port}", api_key=api_key)
         else:
             address = Address(socket=str(run / f"{tag}.sock"))
-        argv = build_argv(spec, binary, caps, alias, n_ctx, address, api_key_file, header_pooling=header.pooling_type)
+        argv = build_argv(spec, binary, caps, alias, n_ctx, address, api_key_file, header_pooling=header_pooling)
         with open(log_path, "ab") as log:
             log.write(f"# gguf-provider: {' '.join(argv)}\n".encode())
         proc = process.spawn(argv, log_path, private=not shared)
@@ -332,10 +377,12 @@ class ServerManager:
             "socket": address.socket, "url": address.url, "api_key_file": str(api_key_file) if api_key_file else None,
             "log": str(log_path), "n_ctx": n_ctx, "shared": shared, "keep_alive": keep_alive if shared else 0,
             "leases": {str(os.getpid()): process.create_time(os.getpid())}, "idle_since": None,
-            "started_at": time.time(), "binary": str(binary),
+            "started_at": time.time(), "last_used": time.time(), "binary": str(binary), "family": family,
+            "charge": admitted.charge,
         }
         with registry.locked() as data:
             data[key] = entry
+        admission_lock.release()  # registered with its charge: the next admission counts it
         try:
             process.wait_healthy(proc, proc.pid, address, log_path, timeout=start_timeout, progress=progress)
             props = read_props(address)
@@ -353,6 +400,7 @@ class ServerManager:
         with registry.locked() as data:
             if key in data:
                 data[key]["n_ctx"] = n_eff
+                data[key]["rss"] = budget_mod.rss(proc.pid)
         if shared and keep_alive >= 0:
             _spawn_watchdog(key, entry)
         info = _info(key, entry)
@@ -375,6 +423,7 @@ class ServerManager:
             if entry is None or me not in entry.get("leases", {}):
                 return  # not (or no longer) ours: e.g. the registry was reset and the key names another server
             entry["leases"].pop(me)
+            entry["last_used"] = time.time()
             if entry["leases"]:
                 return
             entry["idle_since"] = time.time()
@@ -382,6 +431,13 @@ class ServerManager:
                 return
             data.pop(key)
         registry.stop_entry(entry)
+
+
+def _compatible(family: str, n_ctx: int, own_key: str) -> list[str]:
+    """Keys of running shared servers of ``family`` whose context is at least ``n_ctx``, smallest context first."""
+    found = [(int(e.get("n_ctx") or 0), k) for k, e in registry.read().items()
+             if k != own_key and e.get("family") == family and e.get("shared", True) and e.get("n_ctx", 0) >= n_ctx]
+    return [k for _, k in sorted(found)]
 
 
 def default_keep_alive() -> float:

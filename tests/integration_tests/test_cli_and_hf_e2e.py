@@ -63,7 +63,7 @@ def test_cli_serve_ps_stop(smollm2_path: Path) -> None:
         line = serve.stdout.readline()
         assert line.startswith("serving"), line
         rows = json.loads(subprocess.run([*CLI, "ps", "--json"], capture_output=True, text=True,
-                                         check=True).stdout)
+                                         check=True).stdout)["servers"]
         row = next(r for r in rows if r["model"] == str(smollm2_path) and str(r["address"]).startswith("http"))
         url = row["address"]
         assert row["pid"] > 0 and row["ctx"] == 1024 and row["rss"] > 0 and row["leases"] == 1

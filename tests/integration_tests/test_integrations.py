@@ -51,7 +51,7 @@ def _assert_no_server_left(out: str, env: dict[str, str]) -> None:
     pid = int(m.group(1))
     ps = subprocess.run([sys.executable, "-m", "gguf_provider.cli", "ps", "--json"], cwd=ROOT, capture_output=True,
                         text=True, check=True, env=env)
-    assert pid not in [row["pid"] for row in json.loads(ps.stdout)], "the script's server is still registered"
+    assert pid not in [row["pid"] for row in json.loads(ps.stdout)["servers"]], "the script's server is still registered"
     deadline = time.monotonic() + 10
     while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, f"llama-server pid {pid} still running after the script ended"

@@ -86,7 +86,7 @@ def test_keep_alive_forever_survives_a_killed_client_until_stopped(rt: RuntimeEn
     time.sleep(3)  # what a watchdog (there is none for -1) or a sweep would need to act on the dead client
     assert pid_alive(ra["server_pid"])
     ps = rt.gguf_cli("ps", "--json")  # the CLI sweeps first: the dead client's lease is pruned, the server kept
-    rows = [r for r in json.loads(ps.stdout) if r["pid"] == ra["server_pid"]]
+    rows = [r for r in json.loads(ps.stdout)["servers"] if r["pid"] == ra["server_pid"]]
     assert len(rows) == 1 and rows[0]["leases"] == 0, ps
     assert pid_alive(ra["server_pid"])
     out = rt.gguf_cli("stop", "--all")

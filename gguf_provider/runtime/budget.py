@@ -1,0 +1,261 @@
+"""The memory all our servers share: a budget across processes, and who gives memory back when a new server needs it.
+
+Before a server starts (under one machine-wide admission lock, so racing processes decide one at a time), the
+manager asks :func:`admit`: idle servers (no live lease) are stopped least recently used first until the new one
+fits the count limit (``$GGUF_PROVIDER_MAX_MODELS``) and the memory budget; a server that a live process holds is
+never stopped. The budget is ``$GGUF_PROVIDER_MEMORY_LIMIT`` when set (our servers' charges must stay under it),
+else the free RAM/VRAM the fit reads, with idle servers counted as reclaimable. What does not fit then gets a
+smaller automatic context (down to :data:`BUDGET_MIN_CONTEXT`, with a warning) or an
+:class:`InsufficientMemoryError` that names every server holding memory and how to free it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import filelock
+import psutil
+
+from ..errors import InsufficientMemoryError, MemoryBudgetWarning
+from . import fit, paths, registry
+from .gguf import GGUFHeader
+
+LIMIT_ENV = "GGUF_PROVIDER_MEMORY_LIMIT"
+MAX_MODELS_ENV = "GGUF_PROVIDER_MAX_MODELS"
+BUDGET_MIN_CONTEXT = 2048
+"""The smallest automatic context the budget shrinks a model to (its native context if smaller); below it the
+start is refused: a chat model squeezed to a few hundred tokens surprises more than a clear error."""
+ADMISSION_TIMEOUT = 120.0
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
+          "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``"6GiB"``, ``"1.5 GB"``, ``"512MiB"`` or a plain number of bytes."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = m[2].lower() if m else ""
+    if not m or unit not in _UNITS:
+        raise ValueError(f"not a memory size: {text!r} (e.g. 6GiB, 512MiB, 8GB or a number of bytes)")
+    return int(float(m[1]) * _UNITS[unit])
+
+
+def memory_limit() -> int | None:
+    raw = os.environ.get(LIMIT_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        return parse_size(raw)
+    except ValueError as exc:
+        raise ValueError(f"${LIMIT_ENV}: {exc}") from None
+
+
+def max_models() -> int | None:
+    raw = os.environ.get(MAX_MODELS_ENV, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"${MAX_MODELS_ENV} must be a whole number of servers, 1 or more (got {raw!r})")
+    return int(raw)
+
+
+def admission_lock() -> filelock.FileLock:
+    """Held while one server is admitted (evictions, fit, spawn, registration): one decision at a time."""
+    d = paths.home() / "locks"
+    d.mkdir(parents=True, exist_ok=True)
+    return filelock.FileLock(str(d / "admission.lock"), timeout=ADMISSION_TIMEOUT)
+
+
+def charge(header: GGUFHeader, file_bytes: int, n_ctx: int) -> int:
+    """What a server is charged: its files (weights + mmproj) and its KV cache and recurrent state at ``n_ctx``."""
+    return file_bytes + fit.kv_cache_bytes(header, n_ctx) + fit.recurrent_state_bytes(header)
+
+
+def rss(pid: int) -> int:
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.Error:
+        return 0
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A running server of ours and the memory it holds."""
+
+    key: str
+    model: str
+    pid: int
+    charge: int  # what it was charged at start (0 for entries older than the budget)
+    rss: int  # resident memory now
+    holders: tuple[int, ...]  # pids of the client processes holding a lease
+    last_used: float
+
+    @property
+    def idle(self) -> bool:
+        return not self.holders
+
+    @property
+    def held(self) -> int:
+        """The memory counted against the budget: the charge, or the measured RSS when that is larger."""
+        return max(self.charge, self.rss)
+
+    def describe(self) -> str:
+        who = f"held by pid {', '.join(map(str, self.holders))}" if self.holders else "idle"
+        return (f"{os.path.basename(self.model)} (pid {self.pid}, {_mib(self.held)}, {who}; "
+                f"`gguf-provider stop {self.key[:12]}`)")
+
+
+def holders(data: dict[str, registry.Entry]) -> list[Holder]:
+    """The live servers of a registry snapshot (dead leases pruned), least recently used first."""
+    out = []
+    for key, e in data.items():
+        if not registry.server_alive(e):
+            continue
+        leases = registry.live_leases(e)
+        last = float(e.get("last_used") or e.get("idle_since") or e.get("started_at") or 0.0)
+        out.append(Holder(key=key, model=str(e["model"]), pid=int(e["pid"]), charge=int(e.get("charge") or 0),
+                          rss=rss(int(e["pid"])), holders=tuple(sorted(int(p) for p in leases)), last_used=last))
+    return sorted(out, key=lambda h: h.last_used)
+
+
+@dataclass(frozen=True)
+class Admission:
+    n_ctx: int
+    charge: int
+    evicted: tuple[Holder, ...]
+
+
+def admit(header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_layers: int | None,
+          memory: Callable[[], fit.MemoryInfo]) -> Admission:
+    """Make room for a new server and choose its context (call under :func:`admission_lock`).
+
+    ``memory`` reads the free memory now (after evictions).
+    """
+    limit, count = memory_limit(), max_models()
+    running = holders(registry.read())
+    evicted: list[Holder] = []
+
+    def evict_one() -> bool:
+        """Stop the least recently used idle server; False when none is idle."""
+        for h in running:
+            if h.idle and h not in evicted and stop_idle(h.key):
+                evicted.append(h)
+                return True
+        return False
+
+    def refuse(what: str) -> InsufficientMemoryError:
+        kept = [h for h in running if h not in evicted]
+        listing = "; ".join(h.describe() for h in kept) or "none"
+        return InsufficientMemoryError(
+            f"{header.path.name} cannot start: {what}. Servers holding memory: {listing}. Free memory by "
+            f"stopping one (`gguf-provider stop ID`), by unloading it in the process that holds it (`.unload()`, "
+            f"`%gguf unload`), or let idle servers stop at once with keep_alive=0")
+
+    if count is not None:
+        while len(running) - len(evicted) >= count:
+            if not evict_one():
+                raise refuse(f"${MAX_MODELS_ENV}={count} servers are running and every one is in use")
+
+    native = header.context_length or fit.DEFAULT_CONTEXT
+    target = requested if requested else native
+    floor = min(BUDGET_MIN_CONTEXT, native)
+
+    if limit is None:
+        # The free memory now, plus what idle servers would give back: evict the LRU ones while the model would
+        # not get its target context otherwise.
+        def fits_free(extra: int) -> bool:
+            mem = memory()
+            grown = fit.MemoryInfo(ram_available=mem.ram_available + extra, vram_free=mem.vram_free)
+            return fit.fit_context(header, file_bytes, requested=target, n_gpu_layers=n_gpu_layers,
+                                   memory=grown).fits
+
+        if not fits_free(0):
+            while evict_one():
+                _wait_freed(evicted[-1])
+                if fits_free(0):
+                    break
+        mem = memory()
+        try:
+            result = fit.fit_context(header, file_bytes, requested=requested, n_gpu_layers=n_gpu_layers, memory=mem)
+        except InsufficientMemoryError as exc:
+            raise refuse(str(exc)) from None
+        return Admission(result.n_ctx, charge(header, file_bytes, result.n_ctx), tuple(evicted))
+
+    def used() -> int:
+        return sum(h.held for h in running if h not in evicted)
+
+    def need(n_ctx: int) -> int:
+        return charge(header, file_bytes, n_ctx)
+
+    while need(target) > limit - used() and evict_one():
+        _wait_freed(evicted[-1])
+    room = limit - used()
+    n_ctx = target
+    if need(target) > room:
+        if requested:
+            raise refuse(f"n_ctx={requested} needs {_mib(need(requested))} but {_mib(max(room, 0))} of the "
+                         f"{_mib(limit)} budget (${LIMIT_ENV}) is left")
+        fitted = _largest_context(need, room, floor, native)
+        if fitted is None:
+            raise refuse(f"even its floor context of {floor} tokens needs {_mib(need(floor))} but "
+                         f"{_mib(max(room, 0))} of the {_mib(limit)} budget (${LIMIT_ENV}) is left")
+        n_ctx = fitted
+        warnings.warn(
+            f"{header.path.name}: automatic context shrunk from {native} to {n_ctx} tokens to fit the memory "
+            f"budget ({_mib(room)} left of {_mib(limit)}, ${LIMIT_ENV}); pass n_ctx, raise the limit or stop "
+            f"other servers for more", MemoryBudgetWarning, stacklevel=4)
+    # The real free memory still bounds it (the fit's margins apply).
+    if not requested:
+        real = fit.fit_context(header, file_bytes, requested=None, n_gpu_layers=n_gpu_layers, memory=memory())
+        n_ctx = min(n_ctx, real.n_ctx)
+    return Admission(n_ctx, need(n_ctx), tuple(evicted))
+
+
+def stop_idle(key: str) -> bool:
+    """Stop server ``key`` if no live process holds it (checked again under the registry lock)."""
+    with registry.locked() as data:
+        entry = data.get(key)
+        if entry is None or registry.live_leases(entry):
+            return False
+        data.pop(key)
+    registry.stop_entry(entry)
+    return True
+
+
+def _largest_context(need: Callable[[int], int], room: int, floor: int, native: int) -> int | None:
+    if need(floor) > room:
+        return None
+    step = fit.CONTEXT_STEP
+    lo, hi = max(floor // step, 1), max(native // step, 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if need(mid * step) <= room else (lo, mid)
+    return max(lo * step, floor)
+
+
+def _wait_freed(h: Holder, timeout: float = 10.0) -> None:
+    """Wait until a stopped server's process is gone, so the memory read next counts what it gave back."""
+    deadline = time.monotonic() + timeout
+    while psutil.pid_exists(h.pid) and time.monotonic() < deadline:
+        try:
+            if psutil.Process(h.pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.Error:
+            return
+        time.sleep(0.05)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB"
+
+
+def summary() -> dict[str, int | None]:
+    """What ``ps`` shows: memory held by our servers, the limit (None: free memory decides), the count limit."""
+    running = holders(registry.read())
+    return {"used": sum(h.held for h in running), "limit": memory_limit(), "servers": len(running),
+            "max_models": max_models()}
