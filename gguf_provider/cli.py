@@ -136,7 +136,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     engine = Engine(EngineConfig(model=args.spec, port=args.port, n_ctx=args.ctx, keep_alive=0))
     info = engine.load()
-    print(f"serving {info.model} (ctx {info.n_ctx}) at {info.address.describe()} pid {info.pid}; Ctrl-C stops it",
+    print(f"serving {info.model} (ctx {engine.n_ctx}) at {info.address.describe()} pid {info.pid}; Ctrl-C stops it",
           flush=True)
     if info.address.api_key:
         print("the API key is in the server's key file in the runtime dir (0600)", flush=True)

@@ -161,7 +161,11 @@ class Engine:
 
     @property
     def n_ctx(self) -> int:
-        return self.info.n_ctx
+        """The context this engine's requests get: the server's, or the ``n_ctx`` asked when a running server with
+        a larger one was shared (the runtime reuses such servers instead of starting another)."""
+        served = self.info.n_ctx
+        asked = self.config.n_ctx
+        return min(served, asked) if asked and asked > 0 and served else served
 
     @property
     def props(self) -> dict[str, Any]:

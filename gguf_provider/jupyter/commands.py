@@ -203,7 +203,7 @@ class GGUFMagics(Magics):
         reasoning = None if ns.reasoning is None else ns.reasoning == "on"
         self.models[name] = _Model(name, engine, reasoning)
         self.current = name
-        return ModelSummary(name, info.model, info.n_ctx, info.address.describe(), engine.capabilities(),
+        return ModelSummary(name, info.model, engine.n_ctx, info.address.describe(), engine.capabilities(),
                             engine.modalities())
 
     def _cmd_ps(self, args: list[str]) -> _Table:

@@ -72,9 +72,9 @@ class ChatGGUF(BaseChatModel, ChatOptions, LangChainExtras):
 
     def load(self) -> Self:
         """Start (or attach to) the server now instead of on first use."""
-        info = self.engine.load()
+        self.engine.load()
         modalities = self.engine.modalities()
-        self.profile = {"max_input_tokens": info.n_ctx,
+        self.profile = {"max_input_tokens": self.engine.n_ctx,
                         "tool_calling": bool(self.engine.capabilities().get("supports_tools")),
                         "structured_output": True, "image_inputs": bool(modalities.get("vision")),
                         "image_url_inputs": bool(modalities.get("vision")),

@@ -122,7 +122,8 @@ def test_profile_matches_server_context(smol: ChatGGUF, qwen: ChatGGUF) -> None:
     for llm, n_ctx in ((smol, SMOL_CTX), (qwen, QWEN_CTX)):
         props = llm.engine.client.get_json("/props")
         assert llm.profile is not None
-        assert llm.profile["max_input_tokens"] == props_n_ctx(props) == n_ctx
+        # The context asked for; the server may be a shared one with a larger context (the runtime reuses it).
+        assert llm.profile["max_input_tokens"] == n_ctx <= props_n_ctx(props)
     assert qwen.profile is not None and qwen.profile["tool_calling"] is True
 
 

@@ -189,8 +189,9 @@ def test_interrupt_keeps_partial_reply_and_frees_the_slot(ip: Any, monkeypatch: 
     assert not any(s.get("is_processing") for s in slots)
 
 
-def test_unload(ip: Any, smollm2_path: Path) -> None:
-    ip.run_line_magic("gguf", f"load {smollm2_path} --ctx 1024 --as second")
+def test_unload(ip: Any, gemma_path: Path) -> None:
+    # A model no other test holds now: a SmolLM2 load would share the running SmolLM2 server of `smol`.
+    ip.run_line_magic("gguf", f"load {gemma_path} --ctx 1024 --as second")
     engine = _magics(ip).models["second"].engine
     info = engine.info
     ip.run_line_magic("gguf", "unload second")

@@ -140,6 +140,7 @@ def test_a_running_server_with_enough_context_is_reused(rt: RuntimeEnv, smollm2_
     for n_ctx in (2048, 8192):  # equal to or below the running one: the same server
         engine = _engine(smollm2_path, n_ctx=n_ctx)
         assert engine.load().pid == info.pid
+        assert engine.n_ctx == n_ctx  # its requests still get the context asked for (max_tokens, overflow)
         engine.unload()
     bigger = _engine(smollm2_path, n_ctx=16384)  # more than it has: another server
     assert bigger.load().pid != info.pid
