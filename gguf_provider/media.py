@@ -195,6 +195,21 @@ def _client_kwargs(timeout: float) -> dict[str, Any]:
             "headers": {"User-Agent": _USER_AGENT, "Accept": "image/*"}}
 
 
+class _Body:
+    """A download's bytes, refused past ``max_bytes`` or past the deadline (one total time, however it trickles)."""
+
+    def __init__(self, url: str, max_bytes: int, deadline: float) -> None:
+        self.url, self.max_bytes, self.deadline = url, max_bytes, deadline
+        self.data = bytearray()
+
+    def add(self, chunk: bytes) -> None:
+        self.data += chunk
+        if len(self.data) > self.max_bytes:
+            raise _too_large(self.url, self.max_bytes)
+        if time.monotonic() > self.deadline:
+            raise httpx.ReadTimeout("total time exceeded")
+
+
 def fetch(url: str, *, transport: httpx.BaseTransport | None = None, max_bytes: int | None = None,
           timeout: float | None = None) -> str:
     """The image at ``url`` as a base64 data URI; :class:`MediaFetchError` naming the URL on any failure. The limits
@@ -205,16 +220,12 @@ def fetch(url: str, *, transport: httpx.BaseTransport | None = None, max_bytes: 
         with httpx.Client(transport=transport, **_client_kwargs(timeout)) as client, \
                 client.stream("GET", url) as r:
             mime = _content_type(url, r, max_bytes)
-            body = bytearray()
+            body = _Body(url, max_bytes, deadline)
             for chunk in r.iter_bytes():
-                body += chunk
-                if len(body) > max_bytes:
-                    raise _too_large(url, max_bytes)
-                if time.monotonic() > deadline:
-                    raise httpx.ReadTimeout("total time exceeded")
+                body.add(chunk)
     except httpx.HTTPError as exc:
         raise _failure(url, exc) from exc
-    return _data_uri(url, mime, bytes(body))
+    return _data_uri(url, mime, bytes(body.data))
 
 
 async def afetch(url: str, *, transport: httpx.AsyncBaseTransport | None = None, max_bytes: int | None = None,
@@ -225,16 +236,12 @@ async def afetch(url: str, *, transport: httpx.AsyncBaseTransport | None = None,
         async with httpx.AsyncClient(transport=transport, **_client_kwargs(timeout)) as client, \
                 client.stream("GET", url) as r:
             mime = _content_type(url, r, max_bytes)
-            body = bytearray()
+            body = _Body(url, max_bytes, deadline)
             async for chunk in r.aiter_bytes():
-                body += chunk
-                if len(body) > max_bytes:
-                    raise _too_large(url, max_bytes)
-                if time.monotonic() > deadline:
-                    raise httpx.ReadTimeout("total time exceeded")
+                body.add(chunk)
     except httpx.HTTPError as exc:
         raise _failure(url, exc) from exc
-    return _data_uri(url, mime, bytes(body))
+    return _data_uri(url, mime, bytes(body.data))
 
 
 # --- the payload -------------------------------------------------------------------------------------------------

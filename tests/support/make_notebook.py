@@ -35,10 +35,10 @@ CELLS = [
 ]
 
 
-def build() -> nbformat.NotebookNode:
+def build(cells: list[tuple[str, str]] = CELLS) -> nbformat.NotebookNode:
     nb = new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [new_markdown_cell(src) if kind == "md" else new_code_cell(src) for kind, src in CELLS]
+    nb.cells = [new_markdown_cell(src) if kind == "md" else new_code_cell(src) for kind, src in cells]
     return nb
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import sys
 
 import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+from tests.support import make_notebook
 from tests.support.make_notebook import ROOT, execute
 
 NOTEBOOK = ROOT / "notebooks" / "rag.ipynb"
@@ -42,10 +42,7 @@ CELLS = [
 
 
 def build() -> nbformat.NotebookNode:
-    nb = new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [new_markdown_cell(src) if kind == "md" else new_code_cell(src) for kind, src in CELLS]
-    return nb
+    return make_notebook.build(CELLS)
 
 
 def main(argv: list[str]) -> int:
