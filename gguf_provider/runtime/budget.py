@@ -166,18 +166,16 @@ def admit(header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_l
     floor = min(BUDGET_MIN_CONTEXT, native)
 
     if limit is None:
-        # The free memory now, plus what idle servers would give back: evict the LRU ones while the model would
-        # not get its target context otherwise.
-        def fits_free(extra: int) -> bool:
-            mem = memory()
-            grown = fit.MemoryInfo(ram_available=mem.ram_available + extra, vram_free=mem.vram_free)
+        # The free memory decides: evict idle servers, LRU first, while the model would not get its target
+        # context otherwise (what they give back shows in the next reading).
+        def fits_free() -> bool:
             return fit.fit_context(header, file_bytes, requested=target, n_gpu_layers=n_gpu_layers,
-                                   memory=grown).fits
+                                   memory=memory()).fits
 
-        if not fits_free(0):
+        if not fits_free():
             while evict_one():
                 _wait_freed(evicted[-1])
-                if fits_free(0):
+                if fits_free():
                     break
         mem = memory()
         try:
@@ -211,7 +209,10 @@ def admit(header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_l
             f"other servers for more", MemoryBudgetWarning, stacklevel=4)
     # The real free memory still bounds it (the fit's margins apply).
     if not requested:
-        real = fit.fit_context(header, file_bytes, requested=None, n_gpu_layers=n_gpu_layers, memory=memory())
+        try:
+            real = fit.fit_context(header, file_bytes, requested=None, n_gpu_layers=n_gpu_layers, memory=memory())
+        except InsufficientMemoryError as exc:
+            raise refuse(str(exc)) from None
         n_ctx = min(n_ctx, real.n_ctx)
     return Admission(n_ctx, need(n_ctx), tuple(evicted))
 
