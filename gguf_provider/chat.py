@@ -100,7 +100,8 @@ def constrained_max_tokens(response_format: dict[str, Any]) -> int:
     """The default ``max_tokens`` of a grammar-constrained reply (structured output, forced tool call) when the
     caller gave none: 256 + 2 tokens per character of the JSON schema (1024 for schemaless JSON mode), at most
     4096. A constrained reply that loops inside the grammar can then not run to the end of the context; a reply cut
-    there ends with finish_reason "length" (LangChain's parsers raise on it)."""
+    there is asked once more with a repeat penalty, and if cut again ends with finish_reason "length" (LangChain's
+    parsers raise on it)."""
     schema = (response_format.get("json_schema") or {}).get("schema") or response_format.get("schema")
     if not schema:
         return 1024
@@ -140,7 +141,9 @@ class EventProcessor:
         # A constrained reply that the loop guard stopped, held back to be asked again (unless the caller chose
         # its repeat_penalty: then the stopped reply is the answer).
         self.may_retry_loop = self.constrained and request.params.get("repeat_penalty") is None
-        self.looped = False
+        # ... and so is one that ran out of the default max_tokens (constrained_max_tokens) without closing its JSON.
+        self.default_bound = request.params.get("max_tokens") is None
+        self.looped: str | None = None  # why the reply is asked again: "repetition" or "length"
 
     def feed(self, ev: Event) -> list[Event]:
         if isinstance(ev, TextDelta) and self.buffering:
@@ -164,8 +167,8 @@ class EventProcessor:
     def _finish(self, ev: Finish) -> list[Event]:
         text, self.buffer = "".join(self.buffer), []
         self.buffering = False
-        if ev.reason == "repetition" and self.may_retry_loop:
-            self.looped = True
+        if self.may_retry_loop and (ev.reason == "repetition" or (ev.reason == "length" and self.default_bound)):
+            self.looped = ev.reason
             return []  # the caller asks again, with a repeat penalty
         calls: list[ToolCall] | None = None
         if text and self.forced:
@@ -193,7 +196,7 @@ def stream(engine: Engine, request: ChatRequest) -> Iterator[Event]:
     for ev in engine.stream(request.payload(), loop_guard=request.loop_guard):
         yield from proc.feed(ev)
     if proc.looped:
-        retry = _with_repeat_penalty(request)
+        retry = _with_repeat_penalty(request, proc.looped)
         yield from stream(engine, retry)
     elif proc.repeated_only:
         # Asked once more without tools; the reply is judged by the same tools (it may repeat the call again).
@@ -212,7 +215,7 @@ async def astream(engine: Engine, request: ChatRequest) -> AsyncGenerator[Event,
             for out in proc.feed(ev):
                 yield out
     if proc.looped:
-        async with aclosing(astream(engine, _with_repeat_penalty(request))) as retried:
+        async with aclosing(astream(engine, _with_repeat_penalty(request, proc.looped))) as retried:
             async for ev in retried:
                 yield ev
     elif proc.repeated_only:
@@ -256,10 +259,12 @@ def _tool_results_answer(request: ChatRequest) -> list[Event]:
 LOOP_RETRY_REPEAT_PENALTY = 1.15
 
 
-def _with_repeat_penalty(request: ChatRequest) -> ChatRequest:
-    """A structured reply that became a loop is useless half JSON: it is asked once more with a repeat penalty."""
-    warnings.warn(f"the structured reply became a loop; asking once more with repeat_penalty="
-                  f"{LOOP_RETRY_REPEAT_PENALTY}", LoopWarning, stacklevel=3)
+def _with_repeat_penalty(request: ChatRequest, why: str) -> ChatRequest:
+    """A structured reply that became a loop, or rambled past its default ``max_tokens``, is useless half JSON: it
+    is asked once more with a repeat penalty (once: the retry has a repeat_penalty, so it is not retried)."""
+    what = "became a loop" if why == "repetition" else "ran out of its default max_tokens before its JSON closed"
+    warnings.warn(f"the structured reply {what}; asking once more with repeat_penalty={LOOP_RETRY_REPEAT_PENALTY}",
+                  LoopWarning, stacklevel=3)
     return replace(request, params={**request.params, "repeat_penalty": LOOP_RETRY_REPEAT_PENALTY})
 
 

@@ -163,9 +163,8 @@ class Engine:
     def n_ctx(self) -> int:
         """The context this engine's requests get: the server's, or the ``n_ctx`` asked when a running server with
         a larger one was shared (the runtime reuses such servers instead of starting another)."""
-        served = self.info.n_ctx
-        asked = self.config.n_ctx
-        return min(served, asked) if asked and asked > 0 and served else served
+        info = self.info
+        return min(info.n_ctx, info.asked_ctx) if info.asked_ctx and info.n_ctx else info.n_ctx
 
     @property
     def props(self) -> dict[str, Any]:

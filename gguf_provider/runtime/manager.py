@@ -97,6 +97,7 @@ class ServerInfo:
     model: str
     n_ctx: int
     props: dict[str, Any] = field(default_factory=dict)
+    asked_ctx: int | None = None  # set when a server with a larger context was shared for a smaller ``n_ctx``
 
     def alive(self) -> bool:
         return process.process_matches(self.pid, self.create_time, self.alias)
@@ -261,6 +262,7 @@ class ServerManager:
                     with registry.key_lock(other):
                         info = self._attach(other)
                     if info is not None:
+                        info.asked_ctx = spec.n_ctx
                         self._refs[other] = self._refs.get(other, 0) + 1
                         return Lease(self, info)
         with self._lock, registry.key_lock(key):

@@ -9,6 +9,7 @@ import json
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -147,3 +148,19 @@ def test_constrained_max_tokens_is_bounded_by_the_schema() -> None:
     given = chat.ChatRequest(messages=[], response_format=small, params={"max_tokens": 7})
     assert given.payload()["max_tokens"] == 7
     assert "max_tokens" not in chat.ChatRequest(messages=[]).payload()  # free text: context − prompt
+
+
+@pytest.mark.parametrize(("params", "asked_again"), [
+    ({}, True),  # the library's default bound ran out: the reply is asked once more
+    ({"max_tokens": 50}, False),  # the caller's own max_tokens: the cut reply is the answer (parsers raise on it)
+    ({"repeat_penalty": 1.15}, False),  # already the retry (or the caller's penalty): never a second retry
+])
+def test_a_structured_reply_cut_by_its_default_bound_is_asked_again(params: dict[str, Any], asked_again: bool) -> None:
+
+    proc = chat.EventProcessor(chat.ChatRequest(messages=[], response_format={"type": "json_object"}, params=params))
+    out = proc.feed(TextDelta('{"setup": "Why did the cat cross the road and then'))
+    out += proc.feed(Finish("length"))
+    assert (proc.looped == "length") is asked_again
+    assert (out == []) is asked_again  # held back, or released whole with its finish reason
+    if not asked_again:
+        assert isinstance(out[-1], Finish) and out[-1].reason == "length"
