@@ -97,7 +97,8 @@ def test_lazy_top_level_access() -> None:
 def test_metadata_from_server(llm: GGUF) -> None:
     meta = llm.metadata
     props = llm.engine.client.get_json("/props")
-    assert meta.context_window == props["default_generation_settings"]["n_ctx"] == N_CTX
+    # The context asked for; the server may be a shared one with a larger context (the runtime reuses it).
+    assert meta.context_window == N_CTX <= props["default_generation_settings"]["n_ctx"]
     assert meta.num_output == 24
     assert meta.is_chat_model is True
     assert meta.is_function_calling_model is True  # the Qwen template supports tools

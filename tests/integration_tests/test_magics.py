@@ -60,7 +60,8 @@ def test_load_summary_reads_the_server(ip: Any) -> None:
     m = _magics(ip)
     engine = m.models["smol"].engine
     props = engine.client.get_json("/props")
-    assert props["default_generation_settings"]["n_ctx"] == engine.n_ctx == 2048
+    # The context asked for; the server may be a shared one with a larger context (the runtime reuses it).
+    assert engine.n_ctx == 2048 <= props["default_generation_settings"]["n_ctx"]
     summary = display.ModelSummary("smol", engine.info.model, engine.n_ctx, "x", engine.capabilities())
     assert "context 2048 tokens" in repr(summary) and "| context | 2048 tokens |" in summary._repr_markdown_()
 
