@@ -349,7 +349,7 @@ class Engine:
         n_ctx = self.n_ctx
         if self._lease is None:
             return n_ctx
-        ubatch = _flag_value(self.config.server_args, ("-ub", "--ubatch-size"))
+        ubatch = mgr.user_ubatch(self.config.server_args)
         return min(n_ctx, ubatch if ubatch is not None else mgr.EMBED_UBATCH_MAX)
 
     def with_config(self, **changes: Any) -> Engine:
@@ -413,23 +413,6 @@ def _fit_text(index: int, text: str, with_special: list[int], plain: list[int], 
         return with_special[:limit]
     tail = with_special[head + len(plain):]
     return [*with_special[:head], *plain[:limit - head - len(tail)], *tail]
-
-
-def _flag_value(args: tuple[str, ...], names: tuple[str, ...]) -> int | None:
-    for i, arg in enumerate(args):
-        for name in names:
-            value = args[i + 1] if arg == name and i + 1 < len(args) else (
-                arg.split("=", 1)[1] if arg.startswith(name + "=") else None)
-            if value is not None:
-                return _int_or_none(value)
-    return None
-
-
-def _int_or_none(value: str) -> int | None:
-    try:
-        return int(value)
-    except ValueError:
-        return None
 
 
 def _template_payload(payload: dict[str, Any]) -> dict[str, Any]:

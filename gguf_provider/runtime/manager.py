@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -144,6 +145,21 @@ def embedding_pooling(asked: str | None, header_pooling: int | None) -> str | No
     return "mean"
 
 
+def user_ubatch(server_args: Sequence[str]) -> int | None:
+    """The physical batch (``-ub``/``--ubatch-size``) the user set in ``server_args``, if any. Without one, an
+    embedding server gets ``min(n_ctx, EMBED_UBATCH_MAX)`` (:func:`build_argv`)."""
+    for i, arg in enumerate(server_args):
+        for name in ("-ub", "--ubatch-size"):
+            value = server_args[i + 1] if arg == name and i + 1 < len(server_args) else (
+                arg.split("=", 1)[1] if arg.startswith(name + "=") else None)
+            if value is not None:
+                try:
+                    return int(value)
+                except ValueError:
+                    return None
+    return None
+
+
 def build_argv(spec: ServerSpec, binary: Path, caps: discovery.ServerCapabilities, alias: str, n_ctx: int,
                address: Address, api_key_file: Path | None, *, header_pooling: int | None = None) -> list[str]:
     argv = [str(binary), "-m", str(spec.model), "--alias", alias, "-c", str(n_ctx)]
@@ -171,7 +187,7 @@ def build_argv(spec: ServerSpec, binary: Path, caps: discovery.ServerCapabilitie
         pooling = embedding_pooling(spec.pooling, header_pooling)
         if pooling:
             argv += ["--pooling", pooling]
-        if not any(a in ("-ub", "--ubatch-size") or a.startswith("--ubatch-size=") for a in spec.server_args):
+        if user_ubatch(spec.server_args) is None:
             # A pooled embedding must fit one physical batch: with the default (512) longer inputs fail with
             # "input is too large to process".
             n = str(min(n_ctx, EMBED_UBATCH_MAX))

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from gguf_provider.engine import _fit_text, _flag_value, _may_exceed
+from gguf_provider.engine import _fit_text, _may_exceed
 from gguf_provider.errors import ContextOverflowError
+from gguf_provider.runtime.manager import user_ubatch
 
 CLS, SEP = 101, 102
 
@@ -40,6 +41,6 @@ def test_truncation_keeps_the_special_tokens_around_the_first_tokens() -> None:
 
 
 def test_the_physical_batch_flag_is_read_from_server_args() -> None:
-    assert _flag_value(("-ub", "256"), ("-ub", "--ubatch-size")) == 256
-    assert _flag_value(("--ubatch-size=128", "-c", "9"), ("-ub", "--ubatch-size")) == 128
-    assert _flag_value(("-c", "9"), ("-ub", "--ubatch-size")) is None
+    assert user_ubatch(("-ub", "256")) == 256
+    assert user_ubatch(("--ubatch-size=128", "-c", "9")) == 128
+    assert user_ubatch(("-c", "9")) is None
