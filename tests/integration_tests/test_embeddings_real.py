@@ -163,16 +163,11 @@ def test_cli_embed(minilm_path: Path) -> None:
 def test_rag_notebook_executes(tmp_path: Path) -> None:
     """notebooks/rag.ipynb (LlamaIndex, MiniLM embeddings, Qwen answering) is current and runs: the retriever
     returns the passage that answers, and the answer uses it."""
-    import nbformat
+    from tests.support import make_notebook, make_rag_notebook
 
-    from tests.support import make_rag_notebook
-
-    committed = nbformat.read(make_rag_notebook.NOTEBOOK, as_version=4)
-    fresh = make_rag_notebook.build()
-    assert [c.source for c in committed.cells] == [c.source for c in fresh.cells], \
-        "notebooks/rag.ipynb is stale: run python tests/support/make_rag_notebook.py"
-    assert any(c.get("outputs") for c in committed.cells), "the committed notebook must show real outputs"
-    nb = make_rag_notebook.execute(fresh, tmp_path)
+    fresh = make_notebook.checked_fresh(make_rag_notebook.NOTEBOOK, make_rag_notebook.build(),
+                                        "tests/support/make_rag_notebook.py")
+    nb = make_notebook.execute(fresh, tmp_path)
     out = ["".join(str(o.get("text", "")) for o in c.outputs) for c in nb.cells if c.cell_type == "code"]
     assert "Jupiter is the largest planet" in out[1], out
     assert "yeast" in out[2] or "bacteria" in out[2], out

@@ -42,6 +42,16 @@ def build(cells: list[tuple[str, str]] = CELLS) -> nbformat.NotebookNode:
     return nb
 
 
+def checked_fresh(path: Path, fresh: nbformat.NotebookNode, script: str) -> nbformat.NotebookNode:
+    """``fresh`` (the cells as the generator writes them), after checking that the committed notebook at ``path``
+    has the same cells and shows real outputs."""
+    committed = nbformat.read(path, as_version=4)
+    assert [c.source for c in committed.cells] == [c.source for c in fresh.cells], \
+        f"{path.relative_to(ROOT)} is stale: run python {script}"
+    assert any(c.get("outputs") for c in committed.cells), "the committed notebook must show real outputs"
+    return fresh
+
+
 def execute(nb: nbformat.NotebookNode, cwd: Path, timeout: int = 300) -> nbformat.NotebookNode:
     from nbclient import NotebookClient
 
