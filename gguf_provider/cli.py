@@ -1,4 +1,4 @@
-"""The ``gguf-provider`` command line, every command in this one module: ``server install|path|version``,
+"""The ``gguf-provider`` command line, every command in this one module: ``server install|info|path|version``,
 ``pull``, ``models``, ``serve``, ``embed``, ``ps``, ``stop``. :func:`build_parser` builds the whole parser; :func:`main` is the
 entry point."""
 
@@ -29,22 +29,59 @@ def cmd_server_install(args: argparse.Namespace) -> int:
 
     def progress(stage: str, done: int, total: int, detail: str = "") -> None:
         nonlocal bar
+        if stage != "build":  # a download draws huggingface_hub's byte bar, as model downloads do
+            return
         if bar is None or bar.total != total:
             if bar is not None:
                 bar.close()
             bar = _bar(total, "building llama-server")
         bar.update(done - bar.n)
 
+    if args.cmake_arg and args.method == "prebuilt":
+        print("gguf-provider: error: --cmake-arg applies to the source build only (--from source or auto)",
+              file=sys.stderr)
+        return 2
     t0 = time.monotonic()
-    before = install.installed(args.backend)
     try:
-        inst = install.install(args.backend, force=args.force, cmake_args=args.cmake_arg, progress=progress)
+        inst = install.install(args.backend, method=args.method, force=args.force, cmake_args=args.cmake_arg,
+                               progress=progress)
     finally:
         if bar is not None:
             bar.close()
     took = time.monotonic() - t0
-    what = "already installed" if before is not None and not args.force and not args.cmake_arg else "installed"
-    print(f"llama-server {what}: {inst.server} ({inst.version}, backend {inst.backend}, {took:.1f} s)")
+    what = "installed" if inst.fresh else "already installed"
+    print(f"llama-server {what}: {inst.server} ({inst.version}, backend {inst.backend}, {inst.describe()}, "
+          f"{took:.1f} s)")
+    return 0
+
+
+def cmd_server_info(args: argparse.Namespace) -> int:
+    from .runtime import discovery, install
+
+    found = discovery.locate()
+    if found is None:
+        print("no llama-server found: run `gguf-provider server install`", file=sys.stderr)
+        return 1
+    path, how = found
+    caps = discovery.probe(path)
+    ours = next((i for i in install.installations() if i.server.resolve() == path.resolve()), None)
+    tools = sorted(p.name for p in path.parent.iterdir()
+                   if p.name.removesuffix(".exe") in ("rpc-server", "llama-gguf-split", "llama-quantize"))
+    info: dict[str, Any] = {
+        "path": str(path), "found_by": how, "version": caps.version,
+        "origin": ours.describe() if ours else "not installed by gguf-provider",
+        "install": ours.marker if ours else None,
+        "tools": tools,
+        "flags": caps.flags,
+    }
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"path:     {path}\nfound by: {how}\nversion:  {caps.version}\norigin:   {info['origin']}")
+    print(f"beside:   {', '.join(tools) or 'no rpc-server or tools'}")
+    print("flags:")
+    for flag, ok in sorted(caps.flags.items()):
+        print(f"  {'yes' if ok else 'no ':3} {flag}")
     return 0
 
 
@@ -188,13 +225,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"gguf-provider {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    server = sub.add_parser("server", help="the llama-server binary: install, path, version")
+    server = sub.add_parser("server", help="the llama-server binary: install, info, path, version")
     ssub = server.add_subparsers(dest="server_command", required=True)
-    inst = _command(ssub, "install", cmd_server_install, "build llama-server from a pinned llama.cpp source")
+    inst = _command(ssub, "install", cmd_server_install,
+                    "install llama-server: llama.cpp's pinned release archive, else a build from the pinned source")
     inst.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda", "vulkan", "metal"])
-    inst.add_argument("--force", action="store_true", help="rebuild even if already installed")
+    inst.add_argument("--from", dest="method", default="auto", choices=["auto", "prebuilt", "source"],
+                      help="auto (default): an existing install, else the release archive, else the source build")
+    inst.add_argument("--force", action="store_true", help="reinstall even if already installed")
     inst.add_argument("--cmake-arg", action="append", default=[], metavar="ARG",
-                      help="an extra cmake configure argument (repeatable)")
+                      help="an extra cmake configure argument (repeatable; implies the source build)")
+    _command(ssub, "info", cmd_server_info,
+             "the llama-server discovery finds: path, version, where it came from, the flags it supports",
+             json_flag=True)
     _command(ssub, "path", cmd_server_path, "print the llama-server that discovery would use")
     _command(ssub, "version", cmd_server_version, "print its version and which optional flags it supports",
              json_flag=True)

@@ -5,6 +5,7 @@ Every error the library raises on purpose derives from :class:`GGUFProviderError
     GGUFProviderError                      anything from gguf-provider
     ├── BinaryNotFoundError                no llama-server to run
     ├── BuildError                         `gguf-provider server install` failed       .log_path
+    │   └── PrebuiltInstallError           llama.cpp's release archive not usable      .reason
     ├── ModelError                         the model could not be resolved or read
     │   ├── ModelNotFoundError             the spec names nothing usable
     │   │   └── UnknownQuantError          the repo has no such quant                  .available
@@ -191,3 +192,20 @@ class RepeatedToolCallWarning(UserWarning):
 class MemoryBudgetWarning(UserWarning):
     """A server started with a smaller automatic context than its model's own to fit the memory budget
     (``$GGUF_PROVIDER_MEMORY_LIMIT``)."""
+
+
+# --- prebuilt llama.cpp archives -----------------------------------------------------------------------------
+
+
+class PrebuiltInstallError(BuildError):
+    """llama.cpp's published release archive could not be installed. ``.reason`` says why: ``"network"`` (no
+    network, DNS, timeout), ``"rate-limit"`` (HTTP 403/429 from the releases API), ``"http"`` (another HTTP answer,
+    e.g. 404 for an unknown tag or 422), ``"no-asset"`` (no archive for this OS, CPU and backend), ``"no-digest"``
+    (the release publishes no sha256 for it), ``"digest"`` (the download does not match that sha256),
+    ``"archive"`` (unreadable, unsafe paths or links, no llama-server inside) or ``"smoke"`` (the binary failed its
+    smoke run). ``server install --from auto`` falls back to the source build on it; ``--from prebuilt`` raises
+    it."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason

@@ -20,6 +20,8 @@ if str(ROOT) not in sys.path:
 
 # Servers started by the tests stop as soon as their last client lets go, unless a test asks otherwise.
 os.environ.setdefault("GGUF_PROVIDER_KEEP_ALIVE", "0")
+# No test installs llama-server on first use (a source build takes minutes): tests that install say so.
+os.environ.setdefault("GGUF_PROVIDER_AUTO_INSTALL", "0")
 for _k in [k for k in os.environ if k.startswith("LLAMA_ARG_")]:
     del os.environ[_k]
 

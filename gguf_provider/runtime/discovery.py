@@ -25,11 +25,16 @@ OPTIONAL_FLAGS = (
 )
 
 
-def find_llama_server(explicit: str | os.PathLike[str] | None = None) -> Path:
-    """The llama-server binary, by the documented discovery order.
+AUTO_INSTALL_MODES = {"1": "auto", "auto": "auto", "true": "auto", "yes": "auto", "on": "auto",
+                      "prebuilt": "prebuilt", "0": "off", "false": "off", "no": "off", "off": "off"}
+
+
+def locate(explicit: str | os.PathLike[str] | None = None) -> tuple[Path, str] | None:
+    """``(binary, how it was found)`` by the documented discovery order, or None when nothing is there.
 
     explicit ``llama_server=`` → ``$GGUF_PROVIDER_LLAMA_SERVER`` → ``$LLAMA_SERVER_PATH`` → ``llama-server`` on
-    PATH → our installed build → common build dirs.
+    PATH → our installed build → common build dirs. An explicit choice that is not an executable raises
+    BinaryNotFoundError (no fall-through).
     """
     for origin, value in (("llama_server=", explicit),
                           ("$GGUF_PROVIDER_LLAMA_SERVER", os.environ.get("GGUF_PROVIDER_LLAMA_SERVER")),
@@ -40,21 +45,48 @@ def find_llama_server(explicit: str | os.PathLike[str] | None = None) -> Path:
                 path = path / install.exe("llama-server")
             if not (path.is_file() and os.access(path, os.X_OK)):
                 raise BinaryNotFoundError(f"{origin} points to {path}, which is not an executable llama-server")
-            return path
+            return path, origin
     on_path = shutil.which("llama-server")
     if on_path:
-        return Path(on_path)
+        return Path(on_path), "PATH"
     inst = install.any_installed()
     if inst is not None:
-        return inst.server
+        return inst.server, "installed by gguf-provider server install"
     for d in COMMON_BUILD_DIRS:
         cand = Path(d).expanduser() / install.exe("llama-server")
         if cand.is_file() and os.access(cand, os.X_OK):
-            return cand
-    raise BinaryNotFoundError(
-        "no llama-server binary found. Run `gguf-provider server install` to build one (about 8 minutes on 2 "
-        "cores), or point $GGUF_PROVIDER_LLAMA_SERVER at your own build."
-    )
+            return cand, f"common build dir {d}"
+    return None
+
+
+def auto_install_mode() -> str:
+    """``$GGUF_PROVIDER_AUTO_INSTALL``: "auto" (default: prebuilt, else source), "prebuilt" or "off"."""
+    value = os.environ.get("GGUF_PROVIDER_AUTO_INSTALL", "auto").strip().lower() or "auto"
+    if value not in AUTO_INSTALL_MODES:
+        raise ValueError(f"GGUF_PROVIDER_AUTO_INSTALL={value!r}: use 1/auto, prebuilt or 0/off")
+    return AUTO_INSTALL_MODES[value]
+
+
+def find_llama_server(explicit: str | os.PathLike[str] | None = None, *, auto_install: bool | None = None) -> Path:
+    """The llama-server binary, by the discovery order of :func:`locate`.
+
+    When there is none, it is installed on first use (``gguf-provider server install``'s order: the pinned
+    llama.cpp release archive, else the source build), unless ``auto_install=False`` or
+    ``$GGUF_PROVIDER_AUTO_INSTALL`` says otherwise ("prebuilt": the archive only; "0": never).
+    """
+    found = locate(explicit)
+    if found is not None:
+        return found[0]
+    mode = auto_install_mode() if auto_install is None else ("auto" if auto_install else "off")
+    if mode == "off":
+        raise BinaryNotFoundError(
+            "no llama-server binary found. Run `gguf-provider server install` (llama.cpp's prebuilt archive in "
+            "seconds, else a source build of about 8 minutes on 2 cores), or point $GGUF_PROVIDER_LLAMA_SERVER at "
+            "your own build."
+        )
+    install.say(f"no llama-server found: installing one now (from {mode}; set GGUF_PROVIDER_AUTO_INSTALL=0 to "
+                "turn this off)")
+    return install.install(method=mode).server
 
 
 @dataclass
@@ -84,6 +116,16 @@ def probe(binary: Path) -> ServerCapabilities:
         return ServerCapabilities(path=str(binary), version=data["version"], flags=data["flags"])
     except (OSError, ValueError, KeyError):
         pass
+    caps = probe_uncached(binary)
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"version": caps.version, "flags": caps.flags}))
+    os.replace(tmp, cached)
+    return caps
+
+
+def probe_uncached(binary: Path) -> ServerCapabilities:
+    """Run ``--version`` and ``--help`` (the install's smoke run uses this on a staged binary)."""
     try:
         ver = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30)
         hlp = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=30)
@@ -98,9 +140,4 @@ def probe(binary: Path) -> ServerCapabilities:
     version = m.group(1).strip() if m else (text.strip().splitlines() or ["unknown"])[0]
     help_text = hlp.stdout + hlp.stderr
     flags = {f: re.search(rf"(^|[\s,]){re.escape(f)}([\s,=]|$)", help_text, re.M) is not None for f in OPTIONAL_FLAGS}
-    caps = ServerCapabilities(path=str(binary), version=version, flags=flags)
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = cached.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"version": version, "flags": flags}))
-    os.replace(tmp, cached)
-    return caps
+    return ServerCapabilities(path=str(binary), version=version, flags=flags)

@@ -1,11 +1,13 @@
-"""Fetch a pinned llama.cpp source from a registry sdist and build ``llama-server`` from it.
+"""Install llama-server: an existing install, else llama.cpp's published release archive for this host
+(:mod:`.prebuilt`), else a build from a pinned llama.cpp source (a registry sdist), in that order.
 
 Only the MIT-licensed llama.cpp tree inside the sdist (``vendor/llama.cpp``) is extracted; none of the wrapper's
-Python code is used.
+Python code is used. docs/install.md describes the order, pinning, mirrors and measured times.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -16,12 +18,15 @@ import sys
 import tarfile
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
-from ..errors import BuildError
-from . import paths
+import filelock
+
+from ..errors import BuildError, PrebuiltInstallError
+from . import paths, prebuilt
 from .progress import Progress
 
 # The source pin: a registry sdist that carries the llama.cpp tree. Record it: tarball builds report no commit.
@@ -34,17 +39,30 @@ SOURCE_PIN = f"{SDIST_NAME}-{SDIST_VERSION}"
 SERVER_TARGET = "llama-server"
 TOOL_TARGETS = ("llama-gguf-split", "llama-quantize")
 BACKENDS = ("auto", "cpu", "cuda", "vulkan", "metal")
+METHODS = ("auto", "prebuilt", "source")
 MARKER = "installed.json"
+
 
 @dataclass(frozen=True)
 class Installation:
     backend: str
     bin_dir: Path
     version: str
+    origin: str = "source"  # "source" (built from SOURCE_PIN) or "prebuilt" (a llama.cpp release archive)
+    marker: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    fresh: bool = field(default=False, compare=False)  # installed by this call
 
     @property
     def server(self) -> Path:
         return self.bin_dir / exe(SERVER_TARGET)
+
+    def describe(self) -> str:
+        """Where the binary came from, in one line."""
+        m = self.marker
+        if self.origin == "prebuilt":
+            return (f"prebuilt llama.cpp {m.get('tag')} ({m.get('asset')}, {m.get('digest')}"
+                    + (f", commit {str(m['commit'])[:9]}" if m.get("commit") else "") + ")")
+        return f"source build of {m.get('source', SOURCE_PIN)}"
 
 
 def exe(name: str) -> str:
@@ -76,22 +94,47 @@ def _has_nvidia_gpu() -> bool:
 
 
 def install_dir(backend: str) -> Path:
+    """Where the source build for ``backend`` goes."""
     return paths.bin_dir() / f"{SOURCE_PIN}-{backend}"
 
 
-def installed(backend: str = "auto") -> Installation | None:
-    """The recorded installation for ``backend``, if its marker and binary are intact."""
-    target = install_dir(resolve_backend(backend))
+def prebuilt_dir(tag: str, backend: str) -> Path:
+    """Where llama.cpp release ``tag``'s archive for ``backend`` goes."""
+    return paths.bin_dir() / f"llama.cpp-{tag}-{backend}"
+
+
+def _read(target: Path) -> Installation | None:
     try:
         data = json.loads((target / MARKER).read_text())
-    except (OSError, ValueError):
+        inst = Installation(backend=data["backend"], bin_dir=target, version=data.get("version", ""),
+                            origin=data.get("origin", "source"), marker=data)
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    inst = Installation(backend=data["backend"], bin_dir=target, version=data.get("version", ""))
     return inst if inst.server.is_file() else None
 
 
+def installations() -> list[Installation]:
+    """Every intact installation (marker and binary present) in the bin dir, newest first."""
+    try:
+        dirs = [d for d in paths.bin_dir().iterdir() if d.is_dir() and not d.name.startswith(".")]
+    except OSError:
+        return []
+    found = [inst for inst in map(_read, dirs) if inst is not None]
+    return sorted(found, key=lambda i: float(i.marker.get("installed_at") or i.marker.get("built_at") or 0),
+                  reverse=True)
+
+
+def installed(backend: str = "auto", origin: str | None = None, tag: str | None = None) -> Installation | None:
+    """The newest intact installation for ``backend`` (of that ``origin`` and release ``tag`` when given)."""
+    backend = resolve_backend(backend)
+    for inst in installations():
+        if inst.backend == backend and origin in (None, inst.origin) and tag in (None, inst.marker.get("tag")):
+            return inst
+    return None
+
+
 def any_installed() -> Installation | None:
-    """Our build for this host's default backend, else any other backend installed from the same source pin."""
+    """Our install for this host's default backend, else cpu, else any other backend."""
     preferred = installed("auto") or installed("cpu")
     if preferred is not None:
         return preferred
@@ -100,16 +143,99 @@ def any_installed() -> Installation | None:
 
 
 def backend_of(binary: Path) -> str | None:
-    """The backend of our installed build that ``binary`` is, or None for any other binary."""
+    """The backend of our installation that ``binary`` is, or None for any other binary."""
     target = binary.resolve()
-    for backend in BACKENDS[1:]:
-        inst = installed(backend)
-        if inst is not None and inst.server.resolve() == target:
-            return inst.backend
-    return None
+    return next((inst.backend for inst in installations() if inst.server.resolve() == target), None)
+
+
+def say(message: str) -> None:
+    """One line on stderr: what the install is doing when it is not what was asked (a fallback, a first use)."""
+    print(f"gguf-provider: {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def install_lock(timeout: float = 3600.0) -> Iterator[None]:
+    """One install at a time per home (a second process waits, then finds the first one's result)."""
+    locks = paths.home() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with filelock.FileLock(str(locks / "install.lock"), timeout=timeout):
+        yield
+
+
+SourceBuild = Callable[..., Installation]
 
 
 def install(
+    backend: str = "auto",
+    *,
+    method: str = "auto",
+    force: bool = False,
+    cmake_args: list[str] | None = None,
+    progress: Progress | None = None,
+    jobs: int | None = None,
+    tag: str | None = None,
+    notify: Callable[[str], None] | None = None,
+    build_source: SourceBuild | None = None,
+) -> Installation:
+    """Install llama-server for ``backend``; what `gguf-provider server install` and the first use run.
+
+    ``method="auto"``: an existing installation, else llama.cpp release ``tag`` (default
+    ``$GGUF_PROVIDER_LLAMA_TAG`` or :data:`prebuilt.PINNED_TAG`) for this host, else the source build; a failed
+    prebuilt step is one line through ``notify`` (default: stderr) saying why, then the build. ``"prebuilt"``: the
+    archive only (raises PrebuiltInstallError). ``"source"``: the build only (as before). ``force`` reinstalls;
+    ``cmake_args`` imply the source build. ``build_source`` replaces :func:`build_from_source` (tests use it to
+    observe the fallback without a real build). Held under :func:`install_lock`.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method={method!r}: choose one of {', '.join(METHODS)}")
+    if cmake_args and method == "prebuilt":
+        raise ValueError("cmake_args apply to the source build only (method='source' or 'auto')")
+    backend = resolve_backend(backend)
+    tag = tag or prebuilt.release_tag()
+    build = build_source or build_from_source
+    with install_lock():
+        if method == "source" or cmake_args:
+            return build(backend, force=force, cmake_args=cmake_args, progress=progress, jobs=jobs)
+        if not force:
+            done = installed(backend) if method == "auto" else installed(backend, "prebuilt", tag)
+            if done is not None:
+                return done
+        try:
+            return install_prebuilt(backend, tag, progress=progress)
+        except PrebuiltInstallError as exc:
+            if method == "prebuilt":
+                raise
+            (notify or say)(f"prebuilt llama.cpp {tag} not used ({exc.reason}: {exc}); building {SOURCE_PIN} "
+                            "from source instead (about 8 minutes on 2 cores)")
+        return build(backend, force=force, cmake_args=cmake_args, progress=progress, jobs=jobs)
+
+
+def install_prebuilt(backend: str, tag: str, *, progress: Progress | None = None,
+                     client: Any = None, model: Path | None = None) -> Installation:
+    """Stage release ``tag``'s archive in the bin dir, smoke-run it, then move it into place with a rename. The
+    caller holds :func:`install_lock`. Raises PrebuiltInstallError; nothing of a failed attempt is left behind."""
+    bin_root = paths.bin_dir()
+    bin_root.mkdir(parents=True, exist_ok=True)
+    for stale in bin_root.glob(".staging-*"):  # a killed install's leftovers (we hold the lock)
+        shutil.rmtree(stale, ignore_errors=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=bin_root))
+    try:
+        staged = prebuilt.stage(prebuilt.this_host(backend), tag, staging, progress=progress, client=client,
+                                model=model)
+        (staged.bin_dir / MARKER).write_text(json.dumps(staged.marker, indent=2))
+        target = prebuilt_dir(str(staged.marker["tag"]), backend)
+        if target.exists():
+            target.rename(staging / "old")
+        staged.bin_dir.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    inst = _read(target)
+    if inst is None:
+        raise PrebuiltInstallError(f"{target} is incomplete after the move", "archive")
+    return Installation(inst.backend, inst.bin_dir, inst.version, inst.origin, inst.marker, fresh=True)
+
+
+def build_from_source(
     backend: str = "auto",
     *,
     force: bool = False,
@@ -117,7 +243,7 @@ def install(
     progress: Progress | None = None,
     jobs: int | None = None,
 ) -> Installation:
-    """Build and install llama-server (plus llama-gguf-split and llama-quantize) for ``backend``.
+    """Build and install llama-server (plus llama-gguf-split and llama-quantize) for ``backend`` from SOURCE_PIN.
 
     A second call finds the marker and returns at once unless ``force``. ``progress`` gets "build" reports (see
     :mod:`.progress`). Raises :class:`BuildError` naming the log
@@ -125,7 +251,7 @@ def install(
     """
     backend = resolve_backend(backend)
     if not force and not cmake_args:
-        done = installed(backend)
+        done = _read(install_dir(backend))
         if done is not None:
             return done
     src = fetch_source()
@@ -148,10 +274,10 @@ def install(
             raise BuildError(f"the build finished but {exe(name)} was not produced; see the log: {log_path}", log_path)
         shutil.copy2(found, target / exe(name))
     version = smoke_test(target / exe(SERVER_TARGET), log_path)
-    marker = {"backend": backend, "source": SOURCE_PIN, "sha256": SDIST_SHA256, "version": version,
-              "built_at": time.time(), "cmake_args": args[1:]}
+    marker = {"origin": "source", "backend": backend, "source": SOURCE_PIN, "sha256": SDIST_SHA256,
+              "version": version, "built_at": time.time(), "cmake_args": args[1:]}
     (target / MARKER).write_text(json.dumps(marker, indent=2))
-    return Installation(backend=backend, bin_dir=target, version=version)
+    return Installation(backend=backend, bin_dir=target, version=version, marker=marker, fresh=True)
 
 
 def configure_args(src: Path, build: Path, backend: str) -> list[str]:

@@ -26,7 +26,7 @@ NEEDS_MACHINE = {
     "llama_src": "the llama.cpp source",
     "rt": "a llama-server",
 }
-_OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "PIP_NO_INDEX": "1"}
+_OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "PIP_NO_INDEX": "1", "GGUF_PROVIDER_AUTO_INSTALL": "0"}
 _UNSET = ("GGUF_PROVIDER_LLAMA_SERVER", "LLAMA_SERVER_PATH", "GGUF_PROVIDER_MODELS", "GGUF_PROVIDER_RUNTIME_DIR")
 
 
