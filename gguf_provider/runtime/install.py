@@ -205,7 +205,7 @@ def install(
         except PrebuiltInstallError as exc:
             if method == "prebuilt":
                 raise
-            (notify or say)(f"prebuilt llama.cpp {tag} not used ({exc.reason}: {exc}); building {SOURCE_PIN} "
+            (notify or say)(f"prebuilt llama.cpp {tag} not used ({exc.reason}): {exc}; building {SOURCE_PIN} "
                             "from source instead (about 8 minutes on 2 cores)")
         return build(backend, force=force, cmake_args=cmake_args, progress=progress, jobs=jobs)
 

@@ -152,8 +152,8 @@ def choose_assets(release: Release, host: Host, cuda_driver: tuple[int, ...] | N
     def ver(m: re.Match[str]) -> tuple[int, ...]:
         return tuple(int(x) for x in m.group("cuda").split("."))
 
-    usable = [(a, m) for a, m in matches if cuda_driver is None or ver(m)[:1] <= cuda_driver[:1]] or matches
-    asset, m = (max if cuda_driver else min)(usable, key=lambda am: ver(am[1]))
+    usable = [(a, m) for a, m in matches if cuda_driver is not None and ver(m)[:1] <= cuda_driver[:1]]
+    asset, m = max(usable, key=lambda am: ver(am[1])) if usable else min(matches, key=lambda am: ver(am[1]))
     runtime = f"cudart-llama-bin-win-cuda-{m.group('cuda')}-x64.zip"
     return [asset] + [a for a in release.assets if a.name == runtime]
 
