@@ -1,42 +1,71 @@
-"""Profile the client side of ``ChatGGUF.stream`` (P1/P2) with pyinstrument.
+"""Where the live per-token CPU goes: cProfile of one client streaming from the benchmark's server.
 
-``.venv/bin/python bench/profile_stream.py [CLIENT] [REQUESTS]``: CLIENT is ChatGGUF (default), ChatOpenAI,
-ChatLlama or "raw httpx". Attaches to (or starts) the benchmark's shared server, streams REQUESTS requests of
-``BENCH_TOKENS`` tokens and prints pyinstrument's call tree of the client process (wall clock: time blocked on the socket shows as the
-read frames under httpcore; the rest is the client's CPU).
+``.venv/bin/python bench/profile_stream.py [CLIENT] [REQUESTS]``: CLIENT is a name from ``bench/clients.py``
+(default ChatGGUF; e.g. "LangChain floor", "GGUF (LlamaIndex)", "ChatGGUF async"). Attaches to (or starts) the
+benchmark's shared server, pins it and this process to separate cores like the benchmark, streams REQUESTS requests
+of ``BENCH_TOKENS`` tokens and prints the functions by own CPU time, grouped by package, per token.
 """
 
 from __future__ import annotations
 
+import asyncio
+import cProfile
+import pstats
 import sys
+import time
+from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pyinstrument import Profiler
-
-from bench.run import N_CTX, N_PARALLEL, N_TOKENS, PORT, make_clients, measure_stream
+from bench import machine
+from bench.clients import N_TOKENS, make
+from bench.run import N_CTX, N_PARALLEL, PORT, SERVER_ARGS, measure
 from gguf_provider.engine import Engine, EngineConfig
 from scripts.test_models import ensure
+
+
+def package(filename: str) -> str:
+    """The package a profiled function belongs to (``~`` are C builtins, attributed to their caller's package by
+    cProfile only by name)."""
+    for mark, name in (("gguf_provider", "gguf_provider"), ("bench/", "bench (floor)"),
+                       ("langchain_core", "langchain_core"), ("llama_index", "llama_index"), ("pydantic", "pydantic"),
+                       ("httpx", "httpx"), ("httpcore", "httpcore"), ("json", "json"), ("asyncio", "asyncio"),
+                       ("uuid", "uuid"), ("socket", "socket")):
+        if mark in filename:
+            return name
+    return "builtins/other" if filename == "~" else Path(filename).name
 
 
 def main() -> None:
     name = sys.argv[1] if len(sys.argv) > 1 else "ChatGGUF"
     requests = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     model = ensure("smollm2")
-    engine = Engine(EngineConfig(model_path=str(model), n_ctx=N_CTX, n_parallel=N_PARALLEL, port=PORT, keep_alive=0))
+    engine = Engine(EngineConfig(model_path=str(model), n_ctx=N_CTX, n_parallel=N_PARALLEL, port=PORT, keep_alive=0,
+                                 server_args=SERVER_ARGS))
     info = engine.load()
     assert info.address.url and info.address.api_key
-    fn = make_clients(info.address.url, info.address.api_key)[name]
-    measure_stream(fn)  # warm-up
-    profiler = Profiler(interval=0.0005)
+    print(machine.pin(info.pid))
+    client = make(info.address.url, info.address.api_key, only={name})[name]
+    loop = asyncio.new_event_loop()
+    measure(client, loop)  # warm-up
+    profiler = cProfile.Profile(time.process_time)  # CPU time: blocked reads cost nothing
     cpu = 0.0
-    with profiler:
-        for _ in range(requests):
-            cpu += measure_stream(fn)["cpu"]
-    print(f"{name}: {cpu / (requests * N_TOKENS) * 1e6:.1f} µs CPU per token over {requests} x {N_TOKENS} tokens")
-    print(profiler.output_text(unicode=True, color=False, show_all=False, short_mode=False))
+    profiler.enable()
+    for _ in range(requests):
+        cpu += measure(client, loop)["cpu"]
+    profiler.disable()
+    machine.unpin(info.pid)
     engine.unload()
+    tokens = requests * N_TOKENS
+    print(f"{name}: {cpu / tokens * 1e6:.1f} µs CPU per token over {requests} x {N_TOKENS} tokens")
+    stats = pstats.Stats(profiler)
+    by_pkg: dict[str, float] = defaultdict(float)
+    for (filename, _, _), (_, _, tottime, _, _) in stats.stats.items():  # type: ignore[attr-defined]
+        by_pkg[package(filename)] += tottime
+    for pkg, t in sorted(by_pkg.items(), key=lambda x: -x[1])[:12]:
+        print(f"  {pkg:24s} {t / tokens * 1e6:7.1f} µs/token")
+    stats.sort_stats("tottime").print_stats(20)
 
 
 if __name__ == "__main__":

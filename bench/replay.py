@@ -1,26 +1,27 @@
-"""Client CPU per token without the server: a recorded llama-server SSE stream replayed through httpx.MockTransport.
+"""Client CPU per token without the server: a llama-server SSE stream replayed through ``httpx.MockTransport``.
 
-The live benchmark (P2) measures CPU per token against the real server; on a busy 2-core machine that figure is
-inflated by contention (context switches, cold caches). Replaying the exact bytes the server sent isolates the
-client's own per-token work, deterministically, for profiling: ``.venv/bin/python bench/replay.py [--profile NAME]``.
+The live benchmark (P2) measures CPU per token against the real server, where every token is a wake-up of the
+client process. Replaying the same bytes isolates the client's own per-token work, deterministically:
+``.venv/bin/python bench/replay.py [--profile NAME]``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
 
-from bench.run import N_TOKENS, PROMPT, SEED
+from bench.clients import N_TOKENS, SEED, Client, make
 
+URL = "http://127.0.0.1:1"
 PROPS = {"default_generation_settings": {"n_ctx": 8192}, "model_alias": "bench", "model_path": "/m/bench.gguf",
          "chat_template_caps": {}, "total_slots": 4}
 
@@ -47,103 +48,80 @@ def recorded_stream(n_tokens: int = N_TOKENS) -> bytes:
     return "".join(f"data: {x}\n\n" for x in out).encode()
 
 
-def transport(body: bytes) -> httpx.MockTransport:
-    def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.path.endswith("/props"):
-            return httpx.Response(200, json=PROPS)
-        # many small pieces, as the socket delivers them (one SSE event per read)
-        pieces = [p + b"\n\n" for p in body.split(b"\n\n") if p]
-        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=httpx.ByteStream(b"")
-                              if not pieces else _Pieces(pieces))
-    return httpx.MockTransport(handler)
+class _Pieces(httpx.SyncByteStream, httpx.AsyncByteStream):
+    """One SSE event per read, as the socket delivers them live."""
 
-
-class _Pieces(httpx.SyncByteStream):
     def __init__(self, pieces: list[bytes]) -> None:
         self.pieces = pieces
 
     def __iter__(self) -> Iterator[bytes]:
         yield from self.pieces
 
-
-def clients(body: bytes) -> dict[str, Callable[[], Iterator[str]]]:
-    from langchain_llama_cpp import ChatLlama
-    from langchain_openai import ChatOpenAI
-
-    from gguf_provider import ChatGGUF
-
-    url = "http://127.0.0.1:1"
-    raw_client = httpx.Client(base_url=url, transport=transport(body))
-
-    def raw() -> Iterator[str]:
-        payload = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": N_TOKENS, "stream": True}
-        with raw_client.stream("POST", "/v1/chat/completions", json=payload) as r:
-            for line in r.iter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                for choice in json.loads(data).get("choices") or ():
-                    text = (choice.get("delta") or {}).get("content")
-                    if text:
-                        yield text
-
-    gguf = ChatGGUF(base_url=url, transport=transport(body), temperature=0, seed=SEED, max_tokens=N_TOKENS)
-    gguf.load()  # reads the replayed /props once, as a real attach does
-    unguarded = ChatGGUF(base_url=url, transport=transport(body), temperature=0, seed=SEED, max_tokens=N_TOKENS,
-                         loop_guard=False).load()  # the loop guard's own cost = ChatGGUF − this
-    openai = ChatOpenAI(base_url=f"{url}/v1", api_key="x", model="bench", temperature=0, seed=SEED,
-                        max_tokens=N_TOKENS, max_retries=0, http_client=httpx.Client(transport=transport(body)))
-    llama = ChatLlama(model="bench", base_url=url, http_client=httpx.Client(transport=transport(body)),
-                      temperature=0, seed=SEED, max_tokens=N_TOKENS, max_retries=0)
-
-    def lc(model: Any) -> Callable[[], Iterator[str]]:
-        def run() -> Iterator[str]:
-            for chunk in model.stream(PROMPT):
-                if chunk.content:
-                    yield chunk.content
-        return run
-
-    return {"raw httpx": raw, "ChatGGUF": lc(gguf), "ChatGGUF, loop_guard off": lc(unguarded),
-            "ChatOpenAI": lc(openai), "ChatLlama": lc(llama)}
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for piece in self.pieces:
+            yield piece
 
 
-def cpu_per_token(fn: Callable[[], Iterator[str]], requests: int = 20) -> float:
-    for _ in fn():
-        pass
+def transport(body: bytes) -> httpx.MockTransport:
+    pieces = [p + b"\n\n" for p in body.split(b"\n\n") if p]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/props"):
+            return httpx.Response(200, json=PROPS)
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=_Pieces(pieces))
+    return httpx.MockTransport(handler)
+
+
+def clients(n_tokens: int = N_TOKENS, only: set[str] | None = None) -> dict[str, Client]:
+    return make(URL, transport=transport(recorded_stream(n_tokens)), only=only)
+
+
+def drain(client: Client, loop: asyncio.AbstractEventLoop | None = None) -> int:
+    """Consume one stream; the number of deltas."""
+    if not client.is_async:
+        return sum(1 for _ in client.fn())
+
+    async def consume() -> int:
+        return sum([1 async for _ in client.fn()])
+    if loop is None:
+        return asyncio.run(consume())
+    return loop.run_until_complete(consume())
+
+
+def cpu_per_token(client: Client, loop: asyncio.AbstractEventLoop, requests: int = 20) -> float:
+    """Best of 3 batches: CPU µs per delta."""
+    drain(client, loop)
     best = float("inf")
     for _ in range(3):
         c0 = time.process_time()
-        for _ in range(requests):
-            n = sum(1 for _ in fn())
-        best = min(best, (time.process_time() - c0) / (requests * n) * 1e6)
+        n = sum(drain(client, loop) for _ in range(requests))
+        best = min(best, (time.process_time() - c0) / n * 1e6)
     return best
 
 
-def replay_cpu() -> dict[str, float]:
-    """Best-of-3 CPU µs per token of each client on the replayed stream."""
-    cs = clients(recorded_stream())
-    return {name: cpu_per_token(fn) for name, fn in cs.items()}
+def replay_cpu(only: set[str] | None = None) -> dict[str, float]:
+    """CPU µs per token of each client on the replayed stream."""
+    loop = asyncio.new_event_loop()
+    try:
+        return {name: cpu_per_token(c, loop) for name, c in clients(only=only).items()}
+    finally:
+        loop.close()
 
 
 def main() -> None:
-    body = recorded_stream()
-    cs = clients(body)
     if len(sys.argv) > 2 and sys.argv[1] == "--profile":
         from pyinstrument import Profiler
 
-        fn = cs[sys.argv[2]]
-        for _ in fn():
-            pass
+        client = clients()[sys.argv[2]]
+        loop = asyncio.new_event_loop()
+        drain(client, loop)
         with Profiler(interval=0.0002) as p:
             for _ in range(30):
-                for _ in fn():
-                    pass
+                drain(client, loop)
         print(p.output_text(unicode=True, color=False))
         return
-    for name, fn in cs.items():
-        print(f"{name:24s} {cpu_per_token(fn):7.1f} µs CPU per token (replayed {N_TOKENS}-token stream)")
+    for name, v in replay_cpu().items():
+        print(f"{name:26s} {v:7.1f} µs CPU per token (replayed {N_TOKENS}-token stream)")
 
 
 if __name__ == "__main__":

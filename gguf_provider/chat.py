@@ -146,6 +146,8 @@ class EventProcessor:
         self.looped: str | None = None  # why the reply is asked again: "repetition" or "length"
 
     def feed(self, ev: Event) -> list[Event]:
+        if type(ev) is TextDelta and not self.buffering:  # the common case, once per token
+            return [ev]
         if isinstance(ev, TextDelta) and self.buffering:
             self.buffer.append(ev.text)
             if self.constrained or could_be_tool_call("".join(self.buffer)):

@@ -17,7 +17,16 @@ from llama_index.core.base.llms.types import (
     ToolCallBlock,
 )
 
-from ..events import Collector, Completion, Event, ReasoningDelta, TextDelta, ToolCallDelta, Usage
+from ..events import (
+    Collector,
+    Completion,
+    Event,
+    LoopStopped,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
 from ..tools import ToolCall
 
 
@@ -133,29 +142,42 @@ def to_completion(r: ChatResponse) -> CompletionResponse:
 
 class ResponseBuilder:
     """Folds engine events into the running message; each delta becomes one ``ChatResponse`` whose message is
-    everything so far (LlamaIndex's streaming convention)."""
+    everything so far (LlamaIndex's streaming convention). The text so far is kept as it grows, not re-joined per
+    delta (that made a long reply's stream quadratic)."""
 
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
         self.collector = Collector()
+        self.content = ""
+        self.reasoning = ""
+        self.calls: list[ToolCall] = []
 
     def _snapshot(self, delta: str, extra: dict[str, Any]) -> ChatResponse:
-        c = self.collector.done()  # repeatable: joins what was collected so far
-        return ChatResponse(message=message(c.content, c.reasoning, c.tool_calls), delta=delta,
+        return ChatResponse(message=message(self.content, self.reasoning, self.calls), delta=delta,
                             additional_kwargs=extra)
 
     def feed(self, ev: Event) -> ChatResponse | None:
-        self.collector.add(ev)
-        if isinstance(ev, TextDelta):
-            return self._snapshot(ev.text, {})
+        if type(ev) is TextDelta:  # once per token: inlined
+            self.content += ev.text
+            return ChatResponse(message=message(self.content, self.reasoning, self.calls), delta=ev.text)
         if isinstance(ev, ReasoningDelta):
+            self.reasoning += ev.text
             return self._snapshot("", {"thinking_delta": ev.text})
+        if isinstance(ev, LoopStopped):  # the text past the loop's first turn is dropped
+            if ev.channel == "content":
+                self.content = self.content[:ev.keep]
+            else:
+                self.reasoning = self.reasoning[:ev.keep]
+            return None
+        self.collector.add(ev)  # tool calls, usage, finish, timings (the text is kept above)
         if isinstance(ev, ToolCallDelta):
+            self.calls = self.collector.done().tool_calls
             return self._snapshot("", {})
         return None  # Usage, Finish, Timings: carried by the last response
 
     def last(self) -> ChatResponse:
         c = self.collector.done()
+        self.calls = c.tool_calls
         r = self._snapshot("", usage_kwargs(c.usage))
         r.raw = raw(self.model_name, c.finish_reason, c.usage, c.timings)
         return r

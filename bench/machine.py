@@ -1,0 +1,85 @@
+"""What a report needs to be compared with another: the machine, its load, a CPU calibration, the core pinning."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+# The calibration of the machine the absolute goals (P3 attach, in ms) were set on: an idle 2-core AMD EPYC VM.
+# A machine whose calibration is k times this one gets those goals scaled by k.
+REFERENCE_CALIBRATION_MS = 60.0
+
+
+def calibrate() -> float:
+    """Best of 7: ms for a fixed pure-Python workload (integer loop, dict and JSON work): the per-operation speed
+    that client CPU, imports and process starts scale with."""
+    doc = {"choices": [{"index": 0, "delta": {"content": " word"}, "finish_reason": None}], "model": "m", "id": "x"}
+    line = json.dumps(doc)
+    best = float("inf")
+    for _ in range(7):
+        t0 = time.perf_counter()
+        acc = 0
+        for i in range(100_000):
+            acc += i * i % 7
+        for _ in range(10_000):
+            d = json.loads(line)
+            acc += len(d["choices"][0]["delta"]["content"])
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e3
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def describe() -> dict[str, Any]:
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "platform": platform.platform(),
+            "load_before": list(os.getloadavg()), "calibration_ms": calibrate()}
+
+
+def _tasks(pid: int) -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return [pid]
+
+
+def pin(server_pid: int | None) -> dict[str, Any]:
+    """Server on the first core, this process (the clients) on the others, where the OS allows: every thread of
+    both, as ``sched_setaffinity`` applies to one thread. Children started later inherit the client's cores."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cores) < 2 or server_pid is None or not hasattr(os, "sched_setaffinity"):
+        return {"pinned": False, "why": "needs Linux and two cores" if len(cores) < 2 else "no server pid"}
+    server, client = {cores[0]}, set(cores[1:])
+    try:
+        for tid in _tasks(server_pid):
+            os.sched_setaffinity(tid, server)
+        for tid in _tasks(os.getpid()):
+            os.sched_setaffinity(tid, client)
+    except OSError as exc:
+        return {"pinned": False, "why": str(exc)}
+    return {"pinned": True, "server_cores": sorted(server), "client_cores": sorted(client)}
+
+
+def unpin(server_pid: int | None) -> None:
+    if not hasattr(os, "sched_setaffinity"):
+        return
+    every = set(range(os.cpu_count() or 1))
+    for pid in (server_pid, os.getpid()):
+        if pid is None:
+            continue
+        for tid in _tasks(pid):
+            try:
+                os.sched_setaffinity(tid, every)
+            except OSError:
+                pass
