@@ -88,14 +88,14 @@ def cmd_server_info(args: argparse.Namespace) -> int:
 def cmd_server_path(args: argparse.Namespace) -> int:
     from .runtime.discovery import find_llama_server
 
-    print(find_llama_server())
+    print(find_llama_server(auto_install=False))  # reports; `server install` installs
     return 0
 
 
 def cmd_server_version(args: argparse.Namespace) -> int:
     from .runtime.discovery import find_llama_server, probe
 
-    caps = probe(find_llama_server())
+    caps = probe(find_llama_server(auto_install=False))
     if args.json:
         print(json.dumps({"path": caps.path, "version": caps.version, "flags": caps.flags}, indent=2))
         return 0

@@ -11,7 +11,8 @@ stage         done                                        total                 
 ============  ==========================================  ======================================  ==================
 
 A call may leave ``detail`` out, so a callback must give it a default. Stages come in this order: "build" (only
-``install``), then "download" (only when files are missing from the cache), then "loading".
+``install``), then "download" (only when files are missing from the cache), then "loading". ``install`` reports
+"download" too, for llama.cpp's release archive (before any "build", which then only follows a fallback).
 """
 
 from __future__ import annotations
