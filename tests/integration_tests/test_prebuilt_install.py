@@ -36,6 +36,7 @@ from tests.support.llama_releases import (
     env_without_build_tools,
     other_assets,
 )
+from tests.support.tools import tool_path
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -158,6 +159,7 @@ def test_install_from_the_mirror_in_seconds_without_a_compiler_then_serve(
     assert (target / "libgomp.so.1").is_file() and os.readlink(target / "libgomp.so") == "libgomp.so.1"
     assert not (home / "build").exists() and not (home / "src").exists() and not list(home.glob("logs/build-*"))
     assert not list(paths.bin_dir().glob(".staging-*"))
+    assert tool_path("llama-gguf-split") == target / "llama-gguf-split"  # the test helpers find its tools
 
     again = subprocess.run([*CLI, "server", "install"], capture_output=True, text=True, env=env, cwd=ROOT,
                            timeout=60, check=True)

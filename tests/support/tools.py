@@ -1,6 +1,7 @@
 """Find llama.cpp helper tools (``llama-quantize``, ``llama-gguf-split``, ...) for tests.
 
-Looks in the installed bin dir (``<home>/bin/llama-cpp-python-0.3.36-cpu/``) first, then the build dir
+Looks in the installed bin dir (``<home>/bin/llama-cpp-python-0.3.36-cpu/``) first, then every other install
+(a release archive's ``<home>/bin/llama.cpp-<tag>-<backend>/`` carries the tools too), then the build dir
 (``<home>/build/llama-cpp-python-0.3.36-cpu/bin/``), then ``$PATH``.
 """
 
@@ -16,7 +17,10 @@ BUILD_TAG = "llama-cpp-python-0.3.36-cpu"
 
 
 def candidate_dirs() -> list[Path]:
-    return [paths.bin_dir() / BUILD_TAG, paths.build_dir() / BUILD_TAG / "bin"]
+    from gguf_provider.runtime import install
+
+    installs = [i.bin_dir for i in install.installations() if i.bin_dir.name != BUILD_TAG]
+    return [paths.bin_dir() / BUILD_TAG, *installs, paths.build_dir() / BUILD_TAG / "bin"]
 
 
 def tool_path(name: str) -> Path | None:
