@@ -20,6 +20,7 @@ import stat
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import zipfile
 from dataclasses import dataclass
@@ -205,6 +206,28 @@ def _http_error(resp: httpx.Response, what: str) -> PrebuiltInstallError:
         hint = "" if _token() else "; set GITHUB_TOKEN (or GH_TOKEN) for a higher limit"
         return PrebuiltInstallError(detail + hint, "rate-limit" if limited else "http")
     return PrebuiltInstallError(detail, "http")
+
+
+def check_dns(url: str, timeout: float = TIMEOUT.connect or 4.0) -> None:
+    """Resolve ``url``'s host within ``timeout``: a resolver that never answers would otherwise hold the lookup
+    (which no socket timeout bounds) for tens of seconds before the fallback."""
+    host = urlsplit(url).hostname or ""
+    failure: list[BaseException] = []
+    done = threading.Event()
+
+    def resolve() -> None:
+        try:
+            socket.getaddrinfo(host, None)
+        except OSError as exc:
+            failure.append(exc)
+        done.set()
+
+    threading.Thread(target=resolve, daemon=True).start()
+    if not done.wait(timeout):
+        raise PrebuiltInstallError(f"could not reach {url} (no network or DNS: {host} did not resolve within "
+                                   f"{timeout:.0f} s)", "network")
+    if failure:
+        raise PrebuiltInstallError(f"could not reach {url} (no network or DNS: {failure[0]})", "network")
 
 
 def fetch_release(client: httpx.Client, tag: str) -> Release:
@@ -517,6 +540,8 @@ def stage(host: Host, tag: str, staging: Path, *, progress: Progress | None = No
     if pattern is None:
         raise PrebuiltInstallError(f"llama.cpp publishes no archive for {host.describe()}", "no-asset")
     own = client is None
+    if own:
+        check_dns(api_base())
     client = client or httpx.Client(timeout=TIMEOUT, follow_redirects=True)
     try:
         release = fetch_release(client, tag)

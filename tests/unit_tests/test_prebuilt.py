@@ -164,6 +164,24 @@ def test_no_network_is_a_network_reason(api: str) -> None:
     assert err.value.reason == "network"
 
 
+def test_a_resolver_that_never_answers_is_not_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+    import time
+
+    monkeypatch.setattr(prebuilt.socket, "getaddrinfo", lambda *a, **k: time.sleep(3))
+    t0 = time.monotonic()
+    with pytest.raises(PrebuiltInstallError, match="api.github.com did not resolve within 0 s") as err:
+        prebuilt.check_dns("https://api.github.com", timeout=0.2)
+    assert err.value.reason == "network" and time.monotonic() - t0 < 1
+
+    def fail(*a: Any, **k: Any) -> None:
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr(prebuilt.socket, "getaddrinfo", fail)
+    with pytest.raises(PrebuiltInstallError, match=r"no network or DNS: \[Errno -2\] Name or service not known"):
+        prebuilt.check_dns("https://api.github.com")
+
+
 @pytest.mark.parametrize("var", ["GITHUB_TOKEN", "GH_TOKEN"])
 def test_the_token_goes_to_the_api_origin_only(api: str, monkeypatch: pytest.MonkeyPatch, var: str) -> None:
     monkeypatch.setenv(var, "tok-123")
