@@ -34,7 +34,8 @@ from ..errors import GGUFProviderError, PrebuiltInstallError
 from .progress import Progress
 
 REPO = "ggml-org/llama.cpp"
-# The upstream build of the commit llama-cpp-python 0.3.36 vendors (0c1e57098): the same source as our source pin.
+# The upstream build of the commit llama-cpp-python 0.3.36 vendors (0c1e57098), i.e. the source of our source
+# build; how that was determined: docs/install.md#pinning.
 PINNED_TAG = "b11312"
 PINNED_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 DEFAULT_API = "https://api.github.com"
@@ -64,8 +65,8 @@ def _token() -> str | None:
     return os.environ.get("GITHUB_TOKEN") or os.environ.get("GH_TOKEN") or None
 
 
-def exe(name: str, system: str | None = None) -> str:
-    return name + (".exe" if (system or host_system()) == "windows" else "")
+def exe(name: str) -> str:
+    return name + (".exe" if host_system() == "windows" else "")
 
 
 # --- which asset -------------------------------------------------------------------------------------------------
@@ -178,12 +179,18 @@ def cuda_driver_version() -> tuple[int, ...] | None:
 def _headers(url: str, accept: str = "application/vnd.github+json") -> dict[str, str]:
     """The token goes only to the releases API's own origin (a download redirected elsewhere never gets it)."""
     headers = {"Accept": accept, "User-Agent": "gguf-provider", "X-GitHub-Api-Version": "2022-11-28"}
-    token = _token()
-    api = urlsplit(api_base())
-    target = urlsplit(url)
-    if token and (target.scheme, target.netloc) == (api.scheme, api.netloc):
+    token, api = _token(), _origin(api_base())
+    if token and api is not None and _origin(url) == api:
         headers["Authorization"] = f"Bearer {token}"
     return headers
+
+
+def _origin(url: str) -> tuple[str, str] | None:
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return None
+    return parts.scheme, parts.netloc
 
 
 def _network_why(exc: httpx.TransportError) -> str:
@@ -211,7 +218,12 @@ def _http_error(resp: httpx.Response, what: str) -> PrebuiltInstallError:
 def check_dns(url: str, timeout: float = TIMEOUT.connect or 4.0) -> None:
     """Resolve ``url``'s host within ``timeout``: a resolver that never answers would otherwise hold the lookup
     (which no socket timeout bounds) for tens of seconds before the fallback."""
-    host = urlsplit(url).hostname or ""
+    try:
+        host = urlsplit(url).hostname
+    except ValueError as exc:
+        raise PrebuiltInstallError(f"{url} is not a usable URL ({exc})", "http") from None
+    if not host:
+        return  # not a network URL: the request itself says what is wrong with it
     failure: list[BaseException] = []
     done = threading.Event()
 
@@ -237,6 +249,8 @@ def fetch_release(client: httpx.Client, tag: str) -> Release:
         resp = client.get(url, headers=_headers(url))
     except httpx.TransportError as exc:
         raise PrebuiltInstallError(f"could not reach {api_base()} ({_network_why(exc)})", "network") from None
+    except httpx.InvalidURL as exc:
+        raise PrebuiltInstallError(f"{url} is not a usable URL ({exc})", "http") from None
     if resp.status_code != 200:
         raise _http_error(resp, f"the releases API ({url})")
     try:
@@ -292,6 +306,9 @@ def download(client: httpx.Client, asset: Asset, dest: Path, progress: Progress 
     except httpx.TransportError as exc:
         part.unlink(missing_ok=True)
         raise PrebuiltInstallError(f"downloading {asset.name} failed ({_network_why(exc)})", "network") from None
+    except httpx.InvalidURL as exc:
+        part.unlink(missing_ok=True)
+        raise PrebuiltInstallError(f"{asset.url} is not a usable URL ({exc})", "http") from None
     except BaseException:
         part.unlink(missing_ok=True)
         raise
