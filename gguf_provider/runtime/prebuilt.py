@@ -294,6 +294,7 @@ def download(client: httpx.Client, asset: Asset, dest: Path, progress: Progress 
     try:
         with client.stream("GET", asset.url, headers=_headers(asset.url, "application/octet-stream")) as resp:
             if resp.status_code != 200:
+                resp.read()  # the error body, for its message
                 raise _http_error(resp, f"the download of {asset.name}")
             with open(part, "wb") as f:
                 for chunk in resp.iter_bytes(1 << 20):

@@ -252,6 +252,14 @@ def test_a_broken_connection_leaves_no_partial_file(tmp_path: Path) -> None:
     assert err.value.reason == "network" and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(("status", "reason"), [(403, "rate-limit"), (404, "http"), (500, "http")])
+def test_a_download_answered_with_an_error_is_typed(api: str, tmp_path: Path, status: int, reason: str) -> None:
+    answer = httpx.Response(status, headers={"x-ratelimit-remaining": "0"}, json={"message": "API rate limit exceeded"})
+    with pytest.raises(PrebuiltInstallError, match=f"the download of .* answered HTTP {status}") as err:
+        prebuilt.download(_client(lambda r: answer), _asset(b"x"), tmp_path)
+    assert err.value.reason == reason and list(tmp_path.iterdir()) == []
+
+
 def test_no_digest_means_no_download(tmp_path: Path) -> None:
     def handler(req: httpx.Request) -> httpx.Response:
         raise AssertionError("nothing may be fetched without a digest to check it against")
