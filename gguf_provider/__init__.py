@@ -12,6 +12,7 @@ from .errors import (
     BinaryNotFoundError,
     BuildError,
     ContextOverflowError,
+    DraftModelMismatchError,
     GGUFFormatError,
     GGUFProviderError,
     InsufficientDiskError,
@@ -71,8 +72,8 @@ def unload_ipython_extension(ipython: Any) -> None:
 
 
 __all__ = [
-    "APIError", "BinaryNotFoundError", "BuildError", "ChatGGUF", "ContextOverflowError", "GGUF", "GGUFEmbedding",
-    "GGUFEmbeddings",
+    "APIError", "BinaryNotFoundError", "BuildError", "ChatGGUF", "ContextOverflowError", "DraftModelMismatchError",
+    "GGUF", "GGUFEmbedding", "GGUFEmbeddings",
     "GGUFFormatError", "GGUFProviderError", "InsufficientDiskError", "InsufficientMemoryError", "MediaFetchError",
     "MissingShardError",
     "ModelDownloadError", "ModelError", "ModelNotFoundError", "ServerConnectionError", "ServerCrashedError", "ServerError",

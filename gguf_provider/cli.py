@@ -171,10 +171,15 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from .engine import Engine, EngineConfig
 
-    engine = Engine(EngineConfig(model=args.spec, port=args.port, n_ctx=args.ctx, keep_alive=0))
-    info = engine.load()
-    print(f"serving {info.model} (ctx {engine.n_ctx}) at {info.address.describe()} pid {info.pid}; Ctrl-C stops it",
-          flush=True)
+    try:
+        engine = Engine(EngineConfig(model=args.spec, port=args.port, n_ctx=args.ctx, keep_alive=0,
+                                     speculative=args.speculative, kv_cache_type=args.kv_cache_type))
+        info = engine.load()
+    except ValueError as exc:  # a speculative or cache type this build (or the fit) does not know
+        print(f"gguf-provider: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"serving {info.model} (ctx {engine.n_ctx}, speculative {engine.config.speculative}, KV cache "
+          f"{engine.config.kv_cache_type}) at {info.address.describe()} pid {info.pid}; Ctrl-C stops it", flush=True)
     if info.address.api_key:
         print("the API key is in the server's key file in the runtime dir (0600)", flush=True)
     try:
@@ -255,6 +260,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("spec")
     serve.add_argument("--port", type=int)
     serve.add_argument("--ctx", type=int)
+    serve.add_argument("--speculative", default="auto", metavar="auto|off|ngram|TYPE|DRAFT",
+                       help="speculative decoding: the build's n-gram default (auto), off, an n-gram type "
+                            "(ngram-mod, ...) or a draft model with the same vocabulary (default: auto)")
+    serve.add_argument("--kv-cache-type", default="f16", metavar="TYPE",
+                       help="K and V cache type: f16 (default), q8_0, q4_0, ... as the build lists")
     embed = _command(sub, "embed", cmd_embed, "embed texts (arguments, or lines of stdin): one JSON vector per line",
                      json_flag=True)
     embed.add_argument("spec", help="an embedding model: path, name in the models dir, or org/repo[:QUANT]")

@@ -8,6 +8,7 @@ before generation.
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import os
 import threading
@@ -24,7 +25,13 @@ import httpx
 
 from . import media
 from .client import EngineClient
-from .errors import ContextOverflowError, LoopWarning, ServerConnectionError, ServerCrashedError
+from .errors import (
+    ContextOverflowError,
+    LoopWarning,
+    ModelNotFoundError,
+    ServerConnectionError,
+    ServerCrashedError,
+)
 from .events import Collector, Completion, Event, Finish, LoopStopped, ReasoningDelta, TextDelta
 from .loops import LoopDetector
 from .runtime import manager as mgr
@@ -72,13 +79,26 @@ class EngineConfig:
     offline: bool | None = None
     max_retries: int = 2  # retries of a call whose server crashed or could not be reached
     progress: Progress | None = field(default=None, compare=False, hash=False)
+    # "auto" (the build's n-gram self-speculation), "off"/False, an n-gram type, or a draft model spec; chat only
+    speculative: bool | str = "auto"
+    kv_cache_type: str = "f16"  # K and V cache type: f16, q8_0, q4_0, ... (what the build lists)
+
+    def __post_init__(self) -> None:
+        from .runtime import speculative
+
+        # Wrong values fail here, at construction, not when the server starts.
+        object.__setattr__(self, "speculative", speculative.normalize(self.speculative))
+        object.__setattr__(self, "kv_cache_type", validate_cache_type(self.kv_cache_type))
 
 
 def resolve_spec(cfg: EngineConfig) -> mgr.ServerSpec:
     """The server spec of ``cfg``: the model resolved (found, or downloaded), with its projector when ``mmproj`` is
     given (checked to be a projector file) or ``vision`` asks for the one beside the model or in its repo."""
+    from .runtime import speculative
     from .runtime.models import resolve_mmproj, resolve_model
 
+    mode = speculative.OFF if cfg.embedding else speculative.normalize(cfg.speculative)
+    cache_type = validate_cache_type(cfg.kv_cache_type)
     mmproj = resolve_mmproj(cfg.mmproj) if cfg.mmproj else None
     vision = cfg.vision and mmproj is None
     if cfg.model_path:
@@ -87,12 +107,45 @@ def resolve_spec(cfg: EngineConfig) -> mgr.ServerSpec:
         resolved = resolve_model(cfg.model, repo=cfg.repo, quant=cfg.quant, filename=cfg.filename,
                                  revision=cfg.revision, token=cfg.hf_token, vision=vision, offline=cfg.offline,
                                  progress=cfg.progress)
+    draft: Path | None = None
+    draft_shards: tuple[Path, ...] = ()
+    if speculative.is_draft(mode):
+        draft, draft_shards = _resolve_draft(mode, cfg)
+        speculative.check_draft(resolved.path, draft)  # before anything starts
+        mode = speculative.DRAFT
     return mgr.ServerSpec(
         model=resolved.path, shards=tuple(resolved.shards), mmproj=mmproj or resolved.mmproj, n_ctx=cfg.n_ctx,
         n_gpu_layers=cfg.n_gpu_layers, n_parallel=cfg.n_parallel, embedding=cfg.embedding, pooling=cfg.pooling,
         chat_template=cfg.chat_template, chat_template_file=cfg.chat_template_file,
         reasoning_format=cfg.reasoning_format, rpc_servers=cfg.rpc_servers, server_args=cfg.server_args,
-        port=cfg.port, llama_server=cfg.llama_server)
+        port=cfg.port, llama_server=cfg.llama_server, speculative=mode, draft_model=draft, draft_shards=draft_shards,
+        kv_cache_type=cache_type)
+
+
+def _resolve_draft(spec: str, cfg: EngineConfig) -> tuple[Path, tuple[Path, ...]]:
+    """The draft model of ``speculative=spec``, resolved like any model (path, models-dir name, org/repo:QUANT)."""
+    from .runtime.models import resolve_model
+
+    try:
+        resolved = resolve_model(spec, token=cfg.hf_token, offline=cfg.offline, progress=cfg.progress)
+    except ModelNotFoundError as exc:
+        raise type(exc)(f"speculative={spec!r} names no draft model: {exc}. speculative takes 'auto', 'off' (or "
+                        f"False), an n-gram type such as 'ngram-mod', or a draft model (a .gguf path, a models-dir "
+                        f"name or org/repo:QUANT)") from exc
+    return resolved.path, tuple(resolved.shards)
+
+
+def validate_cache_type(cache_type: str) -> str:
+    """``kv_cache_type`` checked against the types the fit can size (ValueError naming the closest)."""
+    from .runtime import fit
+
+    value = cache_type.strip().lower()
+    if value not in fit.CACHE_TYPES:
+        close = difflib.get_close_matches(value, list(fit.CACHE_TYPES), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"kv_cache_type={cache_type!r} is not a KV cache type{hint}; use one of "
+                         f"{', '.join(fit.CACHE_TYPES)}")
+    return value
 
 
 class Engine:

@@ -12,7 +12,8 @@ Every error the library raises on purpose derives from :class:`GGUFProviderError
     │   ├── MissingShardError              a split GGUF lacks shards
     │   ├── GGUFFormatError                not a valid GGUF file, or truncated
     │   ├── InsufficientDiskError          not enough disk for the download
-    │   └── ModelDownloadError             the download failed or is incomplete
+    │   ├── ModelDownloadError             the download failed or is incomplete
+    │   └── DraftModelMismatchError        a draft model's vocabulary is not the model's .model .draft
     ├── InsufficientMemoryError            the model does not fit (free memory, budget, model count)
     ├── MediaFetchError                    an image URL could not be fetched           .url .status_code
     ├── ServerError                        the llama-server process failed             .log_tail .log_path
@@ -177,6 +178,16 @@ class ModelDownloadError(ModelError):
     """Downloading a model failed or left an incomplete file (nothing partial is ever returned as a model)."""
 
 
+class DraftModelMismatchError(ModelError):
+    """A draft model for speculative decoding (``speculative=``) has a vocabulary other than the main model's (from
+    both GGUF headers), so it cannot draft for it. Raised before any server starts."""
+
+    def __init__(self, message: str, model: Path, draft: Path) -> None:
+        super().__init__(message)
+        self.model = model
+        self.draft = draft
+
+
 # --- warnings ------------------------------------------------------------------------------------------------
 
 
@@ -187,6 +198,11 @@ class LoopWarning(UserWarning):
 class RepeatedToolCallWarning(UserWarning):
     """A model's reply only repeated a tool call whose result the conversation already had; it was asked once more
     without tools."""
+
+
+class SpeculationWarning(UserWarning):
+    """Speculative decoding was asked for (``speculative=``, default ``"auto"``) but the server runs without it: the
+    llama-server build has no such flag, or the server turned it off. Said once per binary and reason."""
 
 
 class MemoryBudgetWarning(UserWarning):

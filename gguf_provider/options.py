@@ -14,11 +14,12 @@ import difflib
 import warnings
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 from typing_extensions import Self
 
 from . import chat
-from .engine import API_KEY_ENV, DEFAULT_TIMEOUT, Engine, EngineConfig, env_api_key
+from .engine import API_KEY_ENV, DEFAULT_TIMEOUT, Engine, EngineConfig, env_api_key, validate_cache_type
+from .runtime import speculative
 from .runtime.manager import DEFAULT_START_TIMEOUT
 
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty",
@@ -99,6 +100,15 @@ class ServerOptions(_Options):
         "default `$GGUF_PROVIDER_KEEP_ALIVE` or 300."))
     start_timeout: float = Field(default=DEFAULT_START_TIMEOUT, description=(
         "Seconds to wait for a starting server to load the model and answer `/health`."))
+    kv_cache_type: str = Field(default="f16", description=(
+        "KV cache type for K and V (`--cache-type-k/-v`): `f16`, `q8_0` (about half the memory), `q4_0`, ... as "
+        "the build lists; the automatic context is fitted at its size, and a quantized type turns flash attention "
+        "on (docs/speed.md)."))
+
+    @field_validator("kv_cache_type")
+    @classmethod
+    def _cache_type(cls, value: str) -> str:
+        return validate_cache_type(value)
 
 
 class ChatServerOptions(_Options):
@@ -114,6 +124,15 @@ class ChatServerOptions(_Options):
     mmproj: str | None = Field(default=None, description=(
         "A multimodal projector file (`.gguf`, architecture `clip`) to load with the model; implies `vision` "
         "(docs/vision.md)."))
+    speculative: bool | str = Field(default="auto", description=(
+        "Speculative decoding: `auto` = the build's n-gram self-speculation (no extra model; fast on replies that "
+        "repeat the prompt, e.g. code edits), False/`off`, an n-gram type (`ngram-mod`, `ngram-simple`, ...), or "
+        "a draft model (path, name or `org/repo:QUANT`) with the model's vocabulary (docs/speed.md)."))
+
+    @field_validator("speculative")
+    @classmethod
+    def _speculative(cls, value: bool | str) -> str:
+        return speculative.normalize(value)
 
 
 class SamplingOptions(_Options):

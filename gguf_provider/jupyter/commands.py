@@ -17,7 +17,7 @@ import re
 import shlex
 import time
 from collections.abc import Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -187,14 +187,22 @@ class GGUFMagics(Magics):
         p.add_argument("--chat-template-file")
         p.add_argument("--vision", action="store_true")
         p.add_argument("--mmproj")
+        p.add_argument("--speculative", default="auto", metavar="auto|off|ngram|TYPE|DRAFT")
+        p.add_argument("--kv-cache-type", default="f16", metavar="TYPE")
         ns = p.parse_args(args)
         name = ns.alias or ns.spec.rsplit("/", 1)[-1].removesuffix(".gguf")
+        try:
+            config = EngineConfig(model=ns.spec, quant=ns.quant, n_ctx=ns.ctx,
+                                  chat_template_file=ns.chat_template_file, vision=ns.vision or bool(ns.mmproj),
+                                  mmproj=ns.mmproj, speculative=ns.speculative, kv_cache_type=ns.kv_cache_type)
+        except ValueError as exc:
+            raise UsageError(f"%gguf load: {exc}") from None
         progress = _Progress(self._shell)
-        config = EngineConfig(model=ns.spec, quant=ns.quant, n_ctx=ns.ctx, chat_template_file=ns.chat_template_file,
-                              vision=ns.vision or bool(ns.mmproj), mmproj=ns.mmproj, progress=progress)
-        engine = Engine(config)
+        engine = Engine(replace(config, progress=progress))
         try:
             info = engine.load()
+        except ValueError as exc:  # a speculative type or cache type this llama-server does not list
+            raise UsageError(f"%gguf load: {exc}") from None
         finally:
             progress.close()
         old = self.models.get(name)
@@ -352,8 +360,11 @@ class GGUFMagics(Magics):
                         out.delta(ev.text, "".join(text), "".join(thinking), reasoning=True)
                 elif isinstance(ev, Usage):
                     reply.usage = {"input_tokens": ev.prompt_tokens, "output_tokens": ev.completion_tokens}
-                elif isinstance(ev, Timings) and ev.data.get("predicted_per_second"):
-                    reply.tokens_per_second = float(ev.data["predicted_per_second"])
+                elif isinstance(ev, Timings):
+                    if ev.data.get("predicted_per_second"):
+                        reply.tokens_per_second = float(ev.data["predicted_per_second"])
+                    if ev.data.get("draft_n"):
+                        reply.drafted = (int(ev.data["draft_n"]), int(ev.data.get("draft_n_accepted") or 0))
         except KeyboardInterrupt:
             reply.interrupted = True  # the partial reply is kept; closing the stream stops generation
         finally:

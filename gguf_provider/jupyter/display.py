@@ -24,6 +24,7 @@ class GGUFReply:
     reasoning: str = ""
     model: str = ""
     tokens_per_second: float | None = None
+    drafted: tuple[int, int] | None = None  # speculative decoding: (drafted, accepted) tokens
     usage: dict[str, int] = field(default_factory=dict)
     interrupted: bool = False
     done: bool = False
@@ -35,6 +36,8 @@ class GGUFReply:
             parts.append(f"{self.usage['output_tokens']} tokens")
         if self.tokens_per_second:
             parts.append(f"{self.tokens_per_second:.1f} tok/s")
+        if self.drafted:
+            parts.append(f"{self.drafted[1]}/{self.drafted[0]} drafted accepted")
         if self.interrupted:
             parts.append("interrupted")
         return " · ".join(parts)

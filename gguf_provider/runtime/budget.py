@@ -71,9 +71,13 @@ def admission_lock() -> filelock.FileLock:
     return filelock.FileLock(str(d / "admission.lock"), timeout=ADMISSION_TIMEOUT)
 
 
-def charge(header: GGUFHeader, file_bytes: int, n_ctx: int) -> int:
-    """What a server is charged: its files (weights + mmproj) and its KV cache and recurrent state at ``n_ctx``."""
-    return file_bytes + fit.kv_cache_bytes(header, n_ctx) + fit.recurrent_state_bytes(header)
+def charge(header: GGUFHeader, file_bytes: int, n_ctx: int, *, cache_type: str = fit.DEFAULT_CACHE_TYPE,
+           draft: GGUFHeader | None = None) -> int:
+    """What a server is charged: its files (weights, mmproj, draft model) and, for the model and its draft, the KV
+    cache at ``n_ctx`` in ``cache_type`` and the recurrent state."""
+    per = fit.cache_type_bytes(cache_type)
+    return file_bytes + sum(fit.kv_cache_bytes(h, n_ctx, type_k_bytes=per, type_v_bytes=per)
+                            + fit.recurrent_state_bytes(h) for h in (header, draft) if h is not None)
 
 
 def rss(pid: int) -> int:
@@ -131,11 +135,19 @@ class Admission:
 
 
 def admit(header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_layers: int | None,
-          memory: Callable[[], fit.MemoryInfo]) -> Admission:
+          memory: Callable[[], fit.MemoryInfo], cache_type: str = fit.DEFAULT_CACHE_TYPE,
+          draft: GGUFHeader | None = None) -> Admission:
     """Make room for a new server and choose its context (call under :func:`admission_lock`).
 
-    ``memory`` reads the free memory now (after evictions).
+    ``memory`` reads the free memory now (after evictions). ``file_bytes`` counts every file the server loads (a
+    ``draft`` model's too); the KV cache is charged at ``cache_type`` for the model and its draft.
     """
+    per = fit.cache_type_bytes(cache_type)
+
+    def fit_to(mem: fit.MemoryInfo, requested: int | None) -> fit.FitResult:
+        return fit.fit_context(header, file_bytes, requested=requested, n_gpu_layers=n_gpu_layers, memory=mem,
+                               type_k_bytes=per, type_v_bytes=per, draft=draft)
+
     limit, count = memory_limit(), max_models()
     running = holders(registry.read())
     evicted: list[Holder] = []
@@ -147,6 +159,9 @@ def admit(header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_l
                 evicted.append(h)
                 return True
         return False
+
+    def need(n_ctx: int) -> int:
+        return charge(header, file_bytes, n_ctx, cache_type=cache_type, draft=draft)
 
     def refuse(what: str) -> InsufficientMemoryError:
         kept = [h for h in running if h not in evicted]
@@ -169,8 +184,7 @@ def admit(header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_l
         # The free memory decides: evict idle servers, LRU first, while the model would not get its target
         # context otherwise (what they give back shows in the next reading).
         def fits_free() -> bool:
-            return fit.fit_context(header, file_bytes, requested=target, n_gpu_layers=n_gpu_layers,
-                                   memory=memory()).fits
+            return fit_to(memory(), target).fits
 
         if not fits_free():
             while evict_one():
@@ -179,16 +193,13 @@ def admit(header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_l
                     break
         mem = memory()
         try:
-            result = fit.fit_context(header, file_bytes, requested=requested, n_gpu_layers=n_gpu_layers, memory=mem)
+            result = fit_to(mem, requested)
         except InsufficientMemoryError as exc:
             raise refuse(str(exc)) from None
-        return Admission(result.n_ctx, charge(header, file_bytes, result.n_ctx), tuple(evicted))
+        return Admission(result.n_ctx, need(result.n_ctx), tuple(evicted))
 
     def used() -> int:
         return sum(h.held for h in running if h not in evicted)
-
-    def need(n_ctx: int) -> int:
-        return charge(header, file_bytes, n_ctx)
 
     while need(target) > limit - used() and evict_one():
         _wait_freed(evicted[-1])
@@ -210,7 +221,7 @@ def admit(header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_l
     # The real free memory still bounds it (the fit's margins apply).
     if not requested:
         try:
-            real = fit.fit_context(header, file_bytes, requested=None, n_gpu_layers=n_gpu_layers, memory=memory())
+            real = fit_to(memory(), None)
         except InsufficientMemoryError as exc:
             raise refuse(str(exc)) from None
         n_ctx = min(n_ctx, real.n_ctx)

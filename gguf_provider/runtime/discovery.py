@@ -21,8 +21,13 @@ OPTIONAL_FLAGS = (
     "--jinja", "--alias", "--no-webui", "--offline", "--api-key-file", "--metrics", "--fit", "--fit-ctx",
     "--sleep-idle-seconds", "--reasoning-format", "--reasoning-budget", "--chat-template-file",
     "--chat-template-kwargs", "--kv-unified", "--embedding", "--pooling", "--rpc", "--mmproj", "--slots",
-    "--no-mmap", "--flash-attn", "--cache-reuse", "--props",
+    "--no-mmap", "--flash-attn", "--cache-reuse", "--props", "--spec-default", "--spec-type", "--spec-draft-model",
+    "--model-draft", "--cache-type-k", "--cache-type-v", "--spec-draft-type-k", "--spec-draft-type-v",
+    "--cache-type-k-draft", "--cache-type-v-draft",
 )
+# Flags whose allowed values we read from --help: `--spec-type a,b,c`, `allowed values: a, b` below the flag,
+# `[a|b|c]` or `{a,b,c}` after it.
+CHOICE_FLAGS = ("--spec-type", "--cache-type-k", "--cache-type-v", "--flash-attn")
 
 
 AUTO_INSTALL_MODES = {"1": "auto", "auto": "auto", "true": "auto", "yes": "auto", "on": "auto",
@@ -96,9 +101,14 @@ class ServerCapabilities:
     path: str
     version: str
     flags: dict[str, bool] = field(default_factory=dict)
+    choices: dict[str, list[str]] = field(default_factory=dict)  # allowed values of CHOICE_FLAGS, as --help lists
 
     def supports(self, flag: str) -> bool:
         return self.flags.get(flag, False)
+
+    def allowed(self, flag: str) -> list[str]:
+        """The values ``--help`` lists for ``flag`` (empty when it lists none or the flag is absent)."""
+        return self.choices.get(flag, [])
 
 
 def _cache_key(binary: Path) -> str:
@@ -113,13 +123,14 @@ def probe(binary: Path) -> ServerCapabilities:
     cached = cache / f"{key}.json"
     try:
         data = json.loads(cached.read_text())
-        return ServerCapabilities(path=str(binary), version=data["version"], flags=data["flags"])
-    except (OSError, ValueError, KeyError):
+        return ServerCapabilities(path=str(binary), version=data["version"], flags=data["flags"],
+                                  choices=data["choices"])
+    except (OSError, ValueError, KeyError):  # also a cache written before `choices` existed: probe again
         pass
     caps = probe_uncached(binary)
     cache.mkdir(parents=True, exist_ok=True)
     tmp = cached.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"version": caps.version, "flags": caps.flags}))
+    tmp.write_text(json.dumps({"version": caps.version, "flags": caps.flags, "choices": caps.choices}))
     os.replace(tmp, cached)
     return caps
 
@@ -140,4 +151,38 @@ def probe_uncached(binary: Path) -> ServerCapabilities:
     version = m.group(1).strip() if m else (text.strip().splitlines() or ["unknown"])[0]
     help_text = hlp.stdout + hlp.stderr
     flags = {f: re.search(rf"(^|[\s,]){re.escape(f)}([\s,=]|$)", help_text, re.M) is not None for f in OPTIONAL_FLAGS}
-    return ServerCapabilities(path=str(binary), version=version, flags=flags)
+    choices = {f: found for f in CHOICE_FLAGS if (found := help_choices(help_text, f))}
+    return ServerCapabilities(path=str(binary), version=version, flags=flags, choices=choices)
+
+
+def help_choices(help_text: str, flag: str) -> list[str]:
+    """The values llama-server's ``--help`` allows for ``flag``: a comma list as its metavar (``--spec-type
+    none,ngram-mod,...``), ``[on|off|auto]`` / ``{a,b}`` after it, or an ``allowed values:`` line in its entry."""
+    lines = help_text.splitlines()
+    for i, line in enumerate(lines):
+        if not line.startswith("-"):
+            continue
+        names, metavar = [], ""
+        words = line.split()
+        for j, word in enumerate(words):  # "-ctk,  --cache-type-k TYPE   description..."
+            if not word.startswith("-"):
+                break
+            names.append(word.rstrip(","))
+            if not word.endswith(","):
+                metavar = words[j + 1] if j + 1 < len(words) else ""
+                break
+        if flag not in names:
+            continue
+        if re.fullmatch(r"[a-z0-9_.-]+(,[a-z0-9_.-]+)+", metavar):
+            return metavar.split(",")
+        bracket = re.fullmatch(r"[\[{]([a-z0-9_.|,-]+)[\]}]", metavar)
+        if bracket:
+            return re.split(r"[|,]", bracket.group(1))
+        for below in lines[i + 1:]:
+            if below[:1].strip():  # the next option's entry starts at column 0
+                break
+            allowed = re.search(r"allowed values:\s*(.+)", below)
+            if allowed:
+                return [v.strip() for v in allowed.group(1).split(",") if v.strip()]
+        return []
+    return []

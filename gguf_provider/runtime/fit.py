@@ -12,7 +12,8 @@ The KV estimate follows llama.cpp's cache layout (llama-kv-cache*.cpp in the pin
 * hybrid / recurrent: only attention layers hold KV (per-layer ``head_count_kv`` of 0, or every
   ``full_attention_interval``-th layer); the recurrent state is a constant (:func:`recurrent_state_bytes`).
 
-Cache type sizes in bytes per element: f16/bf16 2.0, q8_0 1.0625, q4_0 0.5625, f32 4.0.
+A cache type costs its ggml block's bytes per element (:data:`CACHE_TYPES`: f16 2, q8_0 34/32, q4_0 18/32, ...).
+A draft model (speculative decoding) holds its own KV cache of the same context and type.
 """
 
 from __future__ import annotations
@@ -34,6 +35,29 @@ DEFAULT_CONTEXT = 4096  # when the file has no context_length
 MIN_CONTEXT = 512
 CONTEXT_STEP = 256
 N_UBATCH = 512  # llama.cpp's default micro-batch: SWA caches keep this many cells beyond the window
+
+# KV cache types llama-server takes (`--cache-type-k/-v`): (elements per block, bytes per block), from ggml's
+# type traits (ggml.c, ggml-common.h): a q8_0 block is one f16 scale + 32 int8 values = 34 bytes for 32 elements.
+CACHE_TYPES: dict[str, tuple[int, int]] = {
+    "f32": (1, 4), "f16": (1, 2), "bf16": (1, 2),
+    "q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20), "iq4_nl": (32, 18), "q5_0": (32, 22), "q5_1": (32, 24),
+}
+DEFAULT_CACHE_TYPE = "f16"
+
+
+def cache_type_bytes(cache_type: str) -> float:
+    """Bytes per element of a KV cache type (``q8_0`` → 1.0625)."""
+    try:
+        block, size = CACHE_TYPES[cache_type]
+    except KeyError:
+        raise ValueError(f"unknown KV cache type {cache_type!r}; known: {', '.join(CACHE_TYPES)}") from None
+    return size / block
+
+
+def is_quantized(cache_type: str) -> bool:
+    """Whether a cache type is block-quantized (a quantized V cache needs flash attention)."""
+    return CACHE_TYPES.get(cache_type, (1, 0))[0] > 1
+
 
 # llama.cpp's per-arch SWA pattern when the file has none: (n_pattern, dense_first). Layer il is SWA when
 # il % n < n - 1 (or, dense_first, when il % n != 0).
@@ -265,6 +289,7 @@ def fit_context(
     type_k_bytes: float = 2.0,
     type_v_bytes: float = 2.0,
     n_seq: int = 1,
+    draft: GGUFHeader | None = None,
 ) -> FitResult:
     """Choose a context size that fits in memory.
 
@@ -272,6 +297,8 @@ def fit_context(
     largest multiple of 256 in [512, native context] whose weights + KV fit in ``(1 - margin) * available -
     headroom``; native is ``context_length`` or 4096. Weights and KV are split between VRAM and RAM in
     proportion to ``n_gpu_layers`` (None: all layers when a GPU is present, else 0; -1: all).
+    ``type_k_bytes``/``type_v_bytes`` are the cache type's bytes per element (:func:`cache_type_bytes`). A
+    ``draft`` model's KV cache (same context and types) is charged too; its weights belong in ``model_bytes``.
     Raises :class:`InsufficientMemoryError` when not even 512 tokens fit.
     """
     mem = memory if memory is not None else available_memory()
@@ -283,13 +310,14 @@ def fit_context(
     else:
         gpu_layers = min(n_gpu_layers, n_layer)
     frac = gpu_layers / n_layer
-    state = recurrent_state_bytes(header, n_seq=n_seq)
+    state = recurrent_state_bytes(header, n_seq=n_seq) + (recurrent_state_bytes(draft, n_seq=n_seq) if draft else 0)
 
     def budget(avail: int) -> float:
         return avail * (1 - margin) - headroom
 
     def check(n_ctx: int) -> tuple[int, bool]:
-        kv = kv_cache_bytes(header, n_ctx, type_k_bytes=type_k_bytes, type_v_bytes=type_v_bytes, n_seq=n_seq)
+        kv = sum(kv_cache_bytes(h, n_ctx, type_k_bytes=type_k_bytes, type_v_bytes=type_v_bytes, n_seq=n_seq)
+                 for h in (header, draft) if h is not None)
         need = model_bytes + kv + state
         ok = need * (1 - frac) <= budget(mem.ram_available) and (
             frac == 0 or need * frac <= budget(mem.vram_total_free)

@@ -191,6 +191,25 @@ class _Reader:
         self.pos = p
 
 
+    def read_strings(self, count: int) -> list[bytes]:
+        """``count`` length-prefixed strings (a tokenizer's token list), on the same buffered fast path."""
+        out: list[bytes] = []
+        append, unpack = out.append, _U64.unpack_from
+        buf, p, end = self.buf, self.pos, len(self.buf)
+        for _ in range(count):
+            if p + 8 <= end:
+                q = p + 8 + unpack(buf, p)[0]
+                if q <= end:  # fast path: the whole string is buffered
+                    append(buf[p + 8:q])
+                    p = q
+                    continue
+            self.pos = p  # slow path: refill
+            append(self.string("token"))
+            buf, p, end = self.buf, self.pos, len(self.buf)
+        self.pos = p
+        return out
+
+
 def _value_type(r: _Reader, key: str) -> int:
     t = r.unpack(_U32)
     if t not in _TYPES:
@@ -255,7 +274,43 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
     Raises :class:`ModelNotFoundError` when the file is missing and :class:`GGUFFormatError` when it is not a
     valid GGUF file (wrong magic, unsupported version, truncated, absurd lengths or unknown value types).
     """
-    p = Path(path)
+    return _parse(Path(path), None)[0]
+
+
+TOKENS_KEY = "tokenizer.ggml.tokens"
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """A model's tokenizer as its GGUF header states it (what llama.cpp compares before a draft model drafts)."""
+
+    path: Path
+    model: str | None  # `tokenizer.ggml.model`: gpt2 (BPE), llama (SentencePiece), bert (WordPiece), ...
+    tokens: tuple[bytes, ...] = field(repr=False)
+    bos_id: int | None
+    eos_id: int | None
+    add_bos: bool | None
+    add_eos: bool | None
+
+
+def read_vocabulary(path: str | os.PathLike[str]) -> Vocabulary:
+    """The tokenizer of a GGUF file, its token texts included (read only for this: ~0.1 s for 150k tokens)."""
+    header, tokens = _parse(Path(path), TOKENS_KEY)
+    meta = header.metadata
+
+    def flag(key: str) -> bool | None:
+        v = meta.get(key)
+        return v if isinstance(v, bool) else None
+
+    return Vocabulary(path=header.path, model=_str(meta.get("tokenizer.ggml.model")), tokens=tuple(tokens),
+                      bos_id=_int(meta.get("tokenizer.ggml.bos_token_id")),
+                      eos_id=_int(meta.get("tokenizer.ggml.eos_token_id")),
+                      add_bos=flag("tokenizer.ggml.add_bos_token"), add_eos=flag("tokenizer.ggml.add_eos_token"))
+
+
+def _parse(p: Path, strings_of: str | None) -> tuple[GGUFHeader, list[bytes]]:
+    """The header, and the values of the string array ``strings_of`` when it is given (else none)."""
+    strings: list[bytes] = []
     try:
         f = open(p, "rb", buffering=0)
     except FileNotFoundError:
@@ -286,9 +341,24 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
                 key = raw.decode("utf-8")
             except UnicodeDecodeError:
                 raise r.fail(f"key {raw[:40]!r} is not UTF-8") from None
-            meta[key] = _read_value(r, _value_type(r, key), key)
+            t = _value_type(r, key)
+            if key == strings_of and t == _ARRAY:
+                strings = _read_string_array(r, key)
+                meta[key] = SkippedArray("string", len(strings))
+            else:
+                meta[key] = _read_value(r, t, key)
         end = r.offset
-    return _build(p, version, tensor_count, kv_count, end, meta)
+    return _build(p, version, tensor_count, kv_count, end, meta), strings
+
+
+def _read_string_array(r: _Reader, key: str) -> list[bytes]:
+    et = _value_type(r, key)
+    n = r.unpack(_U64)
+    if et != _STRING:
+        raise r.fail(f"{key!r} is an array of {_TYPES[et][0]}, not of strings")
+    if n * 8 > r.left():
+        raise r.fail(f"array {key!r} claims {n} strings, more than the file can hold")
+    return r.read_strings(n)
 
 
 def _build(

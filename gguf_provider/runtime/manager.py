@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import filelock
 import httpx
@@ -29,11 +29,11 @@ import httpx
 from ..errors import GGUFFormatError, ServerConnectionError, ServerStartError, ServerTimeoutError
 from . import budget as budget_mod
 from . import discovery, paths, process, registry
+from . import fit as fit_mod
+from . import speculative as speculative_mod
+from .gguf import GGUFHeader
 from .process import Address
 from .progress import Progress
-
-if TYPE_CHECKING:
-    from . import fit as fit_mod
 
 DEFAULT_KEEP_ALIVE = 300.0
 """Seconds a shared server outlives its last client; ``$GGUF_PROVIDER_KEEP_ALIVE`` overrides it."""
@@ -61,6 +61,11 @@ class ServerSpec:
     server_args: tuple[str, ...] = ()
     port: int | None = None
     llama_server: str | None = None
+    # Speculative decoding (runtime/speculative.py): "off", "auto", an n-gram type, or "draft" with draft_model.
+    speculative: str = speculative_mod.OFF
+    draft_model: Path | None = None
+    draft_shards: tuple[Path, ...] = ()
+    kv_cache_type: str = fit_mod.DEFAULT_CACHE_TYPE  # K and V cache type (`--cache-type-k/-v`)
 
     def identity(self, binary: Path) -> dict[str, Any]:
         def file_id(p: Path) -> list[Any]:
@@ -72,9 +77,10 @@ class ServerSpec:
             "binary": [str(binary.resolve()), b.st_size, b.st_mtime_ns],
             "model": [file_id(p) for p in (self.shards or (self.model,))],
             "mmproj": file_id(self.mmproj) if self.mmproj else None,
+            "draft": [file_id(p) for p in (self.draft_shards or (self.draft_model,))] if self.draft_model else None,
             "args": [self.n_ctx, self.n_gpu_layers, self.n_parallel, self.embedding, self.pooling,
                      self.chat_template, self.chat_template_file, self.reasoning_format, list(self.rpc_servers),
-                     list(self.server_args), self.port],
+                     list(self.server_args), self.port, self.speculative, self.kv_cache_type],
         }
 
     def family(self, binary: Path) -> str:
@@ -200,8 +206,39 @@ def build_argv(spec: ServerSpec, binary: Path, caps: discovery.ServerCapabilitie
         argv += ["--reasoning-format", spec.reasoning_format]
     if spec.rpc_servers:
         argv += ["--rpc", ",".join(spec.rpc_servers)]
+    argv += cache_type_args(spec.kv_cache_type, caps)
+    argv += speculative_mod.server_args(spec.speculative, spec.draft_model, caps, spec.kv_cache_type)
     argv += list(spec.server_args)
     return argv
+
+
+def cache_type_args(cache_type: str, caps: discovery.ServerCapabilities) -> list[str]:
+    """``--cache-type-k/-v`` for a type other than the server's default f16; a quantized V cache needs flash
+    attention, so it is turned on (``-fa on``, or the bare flag of older builds)."""
+    if cache_type == fit_mod.DEFAULT_CACHE_TYPE:
+        return []
+    argv = ["--cache-type-k", cache_type, "--cache-type-v", cache_type]
+    if fit_mod.is_quantized(cache_type) and caps.supports("--flash-attn"):
+        argv += ["--flash-attn", "on"] if "on" in caps.allowed("--flash-attn") else ["--flash-attn"]
+    return argv
+
+
+def check_cache_type(cache_type: str, caps: discovery.ServerCapabilities, header: GGUFHeader) -> None:
+    """Before a start: a cache type this build does not list, or whose blocks do not divide the model's head
+    sizes (llama.cpp refuses both), is a ValueError that says what to pick instead."""
+    if cache_type == fit_mod.DEFAULT_CACHE_TYPE:
+        return
+    listed = caps.allowed("--cache-type-k")
+    if not caps.supports("--cache-type-k") or (listed and cache_type not in listed):
+        have = f"it lists {', '.join(listed)}" if listed else "it has no --cache-type-k"
+        raise ValueError(f"kv_cache_type={cache_type!r} is not a KV cache type of this llama-server ({have}; "
+                         f"{caps.path})")
+    block = fit_mod.CACHE_TYPES[cache_type][0]
+    dims = {d for d in (header.head_dim, header.value_head_dim) if d}
+    if block > 1 and any(d % block for d in dims):
+        raise ValueError(f"kv_cache_type={cache_type!r} stores blocks of {block} values, which do not divide "
+                         f"{header.path.name}'s attention head size ({', '.join(map(str, sorted(dims)))}); use "
+                         f"f16, bf16 or f32 for this model")
 
 
 def _free_port() -> int:
@@ -239,6 +276,19 @@ def read_props(address: Address, timeout: float = 5.0, *, healthy: bool = False)
         r.raise_for_status()
         data: dict[str, Any] = r.json()
         return data
+
+
+def speculating(address: Address, timeout: float = 5.0) -> bool | None:
+    """Whether the server's slots do speculative decoding (``/slots``); None when it does not say."""
+    try:
+        with address.client(timeout=timeout) as c:
+            r = c.get("/slots")
+            r.raise_for_status()
+            slots = r.json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    flags = [s.get("speculative") for s in slots if isinstance(s, dict)] if isinstance(slots, list) else []
+    return any(f is True for f in flags) if flags and all(isinstance(f, bool) for f in flags) else None
 
 
 def props_n_ctx(props: dict[str, Any]) -> int:
@@ -345,7 +395,17 @@ class ServerManager:
         caps = discovery.probe(binary)
         # A file that is not GGUF or is cut short fails here, typed and before anything is spawned.
         header = gguf.read_header(spec.model)
-        files = [*(spec.shards or (spec.model,)), *([spec.mmproj] if spec.mmproj else [])]
+        draft = gguf.read_header(spec.draft_model) if spec.draft_model else None
+        check_cache_type(spec.kv_cache_type, caps, header)
+        speculative_mod.check_type(spec.speculative, caps)
+        why_not = speculative_mod.unsupported(spec.speculative, caps)
+        if why_not:
+            speculative_mod.warn_once(
+                f"speculative={spec.speculative!r}: this llama-server runs without speculative decoding ({why_not}: "
+                f"{binary}); a newer build has it (`gguf-provider server install`), or pass speculative=False",
+                str(binary))
+        files = [*(spec.shards or (spec.model,)), *([spec.mmproj] if spec.mmproj else []),
+                 *(spec.draft_shards or ([spec.draft_model] if spec.draft_model else []))]
         size = sum(p.stat().st_size for p in files)
         # One admission at a time across processes: evictions, the context and the registration are decided
         # together, so racing processes never both count the same free memory.
@@ -357,7 +417,8 @@ class ServerManager:
                                      f"{budget.ADMISSION_TIMEOUT:.0f} s limit; try again") from None
         try:
             admitted = budget.admit(header, size, requested=spec.n_ctx if spec.n_ctx and spec.n_ctx > 0 else None,
-                                    n_gpu_layers=spec.n_gpu_layers, memory=lambda: fit_memory(binary))
+                                    n_gpu_layers=spec.n_gpu_layers, memory=lambda: fit_memory(binary),
+                                    cache_type=spec.kv_cache_type, draft=draft)
             return self._spawn(key, spec, binary, caps, header.pooling_type, admitted, shared=shared,
                                keep_alive=keep_alive, start_timeout=start_timeout, progress=progress,
                                family=family, admission_lock=admission_lock)
@@ -415,6 +476,12 @@ class ServerManager:
                     f"; download it again (log: {log_path})") from exc
             raise
         n_eff = props_n_ctx(props) or n_ctx
+        if spec.speculative != speculative_mod.OFF and not speculative_mod.unsupported(spec.speculative, caps) \
+                and speculating(address) is False:
+            speculative_mod.warn_once(
+                f"llama-server started {spec.model.name} without speculative decoding although "
+                f"speculative={speculative_mod.describe(spec.speculative, spec.draft_model)!r} asked for it (it "
+                f"turned it off for this model; see {log_path})", f"{binary}|{spec.model}")
         with registry.locked() as data:
             if key in data:
                 data[key]["n_ctx"] = n_eff
