@@ -135,10 +135,12 @@ def _resolve_draft(spec: str, cfg: EngineConfig) -> tuple[Path, tuple[Path, ...]
     return resolved.path, tuple(resolved.shards)
 
 
-def validate_cache_type(cache_type: str) -> str:
+def validate_cache_type(cache_type: Any) -> str:
     """``kv_cache_type`` checked against the types the fit can size (ValueError naming the closest)."""
     from .runtime import fit
 
+    if not isinstance(cache_type, str):
+        raise ValueError(f"kv_cache_type must be a string such as 'q8_0', not {type(cache_type).__name__}")
     value = cache_type.strip().lower()
     if value not in fit.CACHE_TYPES:
         close = difflib.get_close_matches(value, list(fit.CACHE_TYPES), n=1)

@@ -105,9 +105,9 @@ class ServerOptions(_Options):
         "the build lists; the automatic context is fitted at its size, and a quantized type turns flash attention "
         "on (docs/speed.md)."))
 
-    @field_validator("kv_cache_type")
+    @field_validator("kv_cache_type", mode="before")
     @classmethod
-    def _cache_type(cls, value: str) -> str:
+    def _cache_type(cls, value: Any) -> str:
         return validate_cache_type(value)
 
 
@@ -129,9 +129,9 @@ class ChatServerOptions(_Options):
         "repeat the prompt, e.g. code edits), False/`off`, an n-gram type (`ngram-mod`, `ngram-simple`, ...), or "
         "a draft model (path, name or `org/repo:QUANT`) with the model's vocabulary (docs/speed.md)."))
 
-    @field_validator("speculative")
+    @field_validator("speculative", mode="before")
     @classmethod
-    def _speculative(cls, value: bool | str) -> str:
+    def _speculative(cls, value: Any) -> str:
         return speculative.normalize(value)
 
 

@@ -132,3 +132,97 @@ def test_an_embedding_input_too_large_for_the_batch_is_a_context_overflow() -> N
                                           "size (current batch size: 512)"}})
     assert isinstance(err, ContextOverflowError) and (err.n_prompt_tokens, err.n_ctx) == (700, 512)
     assert "truncate=True" in str(err)
+
+
+# --- speculative decoding and the KV cache type (issue 14) -------------------------------------------------------
+
+SPEC_TYPES = ["none", "draft-simple", "draft-eagle3", "draft-mtp", "ngram-simple", "ngram-map-k", "ngram-map-k4v",
+              "ngram-mod", "ngram-cache"]
+CACHE = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
+SPEC_CAPS = ServerCapabilities(path="llama-server", version="test", flags={
+    **CAPS.flags, "--spec-default": True, "--spec-type": True, "--spec-draft-model": True, "--model-draft": True,
+    "--cache-type-k": True, "--cache-type-v": True, "--spec-draft-type-k": True, "--spec-draft-type-v": True,
+    "--flash-attn": True}, choices={"--spec-type": SPEC_TYPES, "--cache-type-k": CACHE, "--cache-type-v": CACHE,
+                                    "--flash-attn": ["on", "off", "auto"]})
+
+
+def _argv(caps: ServerCapabilities = SPEC_CAPS, **spec: object) -> list[str]:
+    return build_argv(ServerSpec(model=Path("/m.gguf"), **spec), Path("/b"), caps, "a", 4096,  # type: ignore[arg-type]
+                      Address(socket="/s"), None)
+
+
+def _after(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_speculation_and_cache_flags_are_absent_by_default() -> None:
+    argv = _argv()  # a bare ServerSpec: what bench's raw server and old callers build
+    assert not [a for a in argv if a.startswith(("--spec", "--cache-type", "--flash-attn", "-md"))]
+
+
+def test_auto_speculation_is_the_builds_default() -> None:
+    assert _argv(speculative="auto")[-1:] == ["--spec-default"]
+    no_default = ServerCapabilities(path="b", version="t", flags={**SPEC_CAPS.flags, "--spec-default": False},
+                                    choices=SPEC_CAPS.choices)
+    argv = _argv(no_default, speculative="auto")
+    assert _after(argv, "--spec-type") == "ngram-mod" and "--spec-default" not in argv
+
+
+def test_an_ngram_type_and_a_draft_model() -> None:
+    assert _after(_argv(speculative="ngram-simple"), "--spec-type") == "ngram-simple"
+    argv = _argv(speculative="draft", draft_model=Path("/d.gguf"))
+    assert _after(argv, "--spec-type") == "draft-simple" and _after(argv, "--spec-draft-model") == "/d.gguf"
+    assert "--spec-draft-type-k" not in argv  # f16: the draft's default cache type
+
+
+def test_user_server_args_come_last_and_win() -> None:
+    argv = _argv(speculative="auto", kv_cache_type="q8_0", server_args=("--spec-draft-n-max", "8"))
+    assert argv[-2:] == ["--spec-draft-n-max", "8"] and argv.index("--spec-default") < len(argv) - 2
+
+
+@pytest.mark.parametrize(("cache_type", "fa"), [("q8_0", ["--flash-attn", "on"]), ("q4_0", ["--flash-attn", "on"]),
+                                                ("f32", []), ("bf16", [])])
+def test_cache_type_sets_k_and_v_and_flash_attention_for_quantized_v(cache_type: str, fa: list[str]) -> None:
+    argv = _argv(kv_cache_type=cache_type)
+    assert _after(argv, "--cache-type-k") == cache_type == _after(argv, "--cache-type-v")
+    i = argv.index("--flash-attn") if "--flash-attn" in argv else None
+    assert (argv[i:i + 2] if i is not None else []) == fa
+
+
+def test_old_builds_get_their_spellings() -> None:
+    old = ServerCapabilities(path="b", version="old", flags={
+        "--model-draft": True, "--cache-type-k": True, "--cache-type-k-draft": True, "--cache-type-v-draft": True,
+        "--flash-attn": True})  # no --spec-*, a bare -fa switch, no listed values
+    argv = _argv(old, speculative="draft", draft_model=Path("/d.gguf"), kv_cache_type="q8_0")
+    assert _after(argv, "--model-draft") == "/d.gguf" and "--spec-type" not in argv
+    assert _after(argv, "--cache-type-k-draft") == "q8_0" == _after(argv, "--cache-type-v-draft")
+    assert argv[argv.index("--flash-attn") + 1] != "on"
+
+
+def test_a_draft_with_a_quantized_cache_quantizes_the_drafts_cache_too() -> None:
+    argv = _argv(speculative="draft", draft_model=Path("/d.gguf"), kv_cache_type="q8_0")
+    assert _after(argv, "--spec-draft-type-k") == "q8_0" == _after(argv, "--spec-draft-type-v")
+
+
+def test_a_build_without_speculation_gets_no_flags() -> None:
+    from gguf_provider.runtime import speculative
+
+    for mode in ("auto", "ngram-mod"):
+        assert not [a for a in _argv(CAPS, speculative=mode) if a.startswith("--spec")]
+        assert speculative.unsupported(mode, CAPS)
+    assert speculative.unsupported("auto", SPEC_CAPS) is None
+
+
+def test_speculation_and_cache_type_are_part_of_the_server_identity(tmp_path: Path) -> None:
+    model, binary = tmp_path / "m.gguf", tmp_path / "llama-server"
+    model.write_bytes(b"GGUF")
+    binary.write_bytes(b"#!")
+    base = ServerSpec(model=model, speculative="auto")
+    families = {base.family(binary)}
+    for other in (ServerSpec(model=model), ServerSpec(model=model, speculative="ngram-simple"),
+                  ServerSpec(model=model, speculative="auto", kv_cache_type="q8_0"),
+                  ServerSpec(model=model, speculative="draft", draft_model=model)):
+        families.add(other.family(binary))
+    assert len(families) == 5  # each setting is another server
+    # the context alone does not change the family (a larger server of the same family is shared)
+    assert ServerSpec(model=model, speculative="auto", n_ctx=2048).family(binary) == base.family(binary)
