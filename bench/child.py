@@ -37,7 +37,7 @@ def main() -> None:
         t_import = time.time()
         model, n_ctx, n_par, port = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
         engine = Engine(EngineConfig(model_path=model, n_ctx=n_ctx, n_parallel=n_par, port=port,
-                                     server_args=tuple(sys.argv[6:])))
+                                     server_args=tuple(sys.argv[6:]), speculative=False))
         engine.load()
         t_attach = time.time()
         engine.chat(dict(BODY))

@@ -42,7 +42,7 @@ def main() -> None:
     requests = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     model = ensure("smollm2")
     engine = Engine(EngineConfig(model_path=str(model), n_ctx=N_CTX, n_parallel=N_PARALLEL, port=PORT, keep_alive=0,
-                                 server_args=SERVER_ARGS))
+                                 server_args=SERVER_ARGS, speculative=False))
     info = engine.load()
     assert info.address.url and info.address.api_key
     print(machine.pin(info.pid))

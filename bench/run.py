@@ -8,7 +8,7 @@ straddles its goal. Writes ``bench/results.json``, ``docs/benchmarks.md`` and ``
 
 Environment: ``BENCH_ROUNDS`` (first rounds, default 9), ``BENCH_MAX_ROUNDS`` (cap, default 25), ``BENCH_TOKENS``
 (default 256), ``BENCH_PORT`` (default 18731), ``BENCH_THREADS`` (llama-server threads, default 1), ``BENCH_ONLY``
-(comma list of p1,p3,p4,p5,p6 to run a subset; the report then holds only those), ``BENCH_OUT`` (a directory for
+(comma list of p1,p3,p4,p5,p6,p7,p9 to run a subset; the report then holds only those), ``BENCH_OUT`` (a directory for
 the report instead of docs/ and bench/, e.g. for a second run to compare).
 """
 
@@ -45,7 +45,7 @@ PORT = int(os.environ.get("BENCH_PORT", "18731"))
 # One generation thread on its own core; the clients get the other core(s).
 THREADS = int(os.environ.get("BENCH_THREADS", "1"))
 SERVER_ARGS = ("-t", str(THREADS), "-tb", str(THREADS))
-ONLY = {s.strip() for s in os.environ.get("BENCH_ONLY", "p1,p3,p4,p5,p6").split(",") if s.strip()}
+ONLY = {s.strip() for s in os.environ.get("BENCH_ONLY", "p1,p3,p4,p5,p6,p7,p8,p9").split(",") if s.strip()}
 OUT = Path(os.environ["BENCH_OUT"]) if os.environ.get("BENCH_OUT") else None
 N_CTX, N_PARALLEL = 8192, 4
 BATCH, BATCH_TOKENS = 4, 128
@@ -57,6 +57,9 @@ GOALS = {
     "p4": Goal("<=", 0.2),
     "p5": Goal(">=", 0.97),
     "p6": Goal(">=", 100.0),
+    "p7": Goal(">=", 2.0),  # code-edit decode tok/s, speculation "auto" ÷ off
+    "p8": Goal(">=", 0.97),  # chat decode tok/s, the default ÷ speculation off
+    "p9": Goal(">=", 1.8),  # automatic context, q8_0 KV cache ÷ f16, same memory limit
 }
 
 def log(msg: str) -> None:
@@ -237,7 +240,7 @@ def first_token_ours(model: Path) -> float:
 
     t0 = time.perf_counter()
     engine = Engine(EngineConfig(model_path=str(model), n_ctx=N_CTX, n_parallel=N_PARALLEL, shared=False,
-                                 keep_alive=0, server_args=SERVER_ARGS))
+                                 keep_alive=0, server_args=SERVER_ARGS, speculative=False))
     try:
         for ev in engine.stream(raw_body(max_tokens=4, stream=True)):
             if isinstance(ev, TextDelta):
@@ -438,6 +441,116 @@ def bench_header(model: Path) -> dict[str, Any]:
             "ours_ms": summary([x * 1e3 for x in a]), "gguf_ms": summary([x * 1e3 for x in b]), "model": model.name, "size": model.stat().st_size}
 
 
+# --- P7/P8: speculative decoding; P9: KV cache type ---------------------------------------------------------------
+
+EDIT_SOURCE = ROOT / "bench" / "data" / "code_edit_module.py.txt"  # a 6 kB module, frozen (a copy of loops.py)
+EDIT_TASK = ("Rename the method `_check` to `_scan` everywhere in this Python module (its definition and every call). "
+             "Change nothing else. Reply with the whole module only, in one ```python block.\n\n```python\n{source}```")
+CHAT_TASK = "Explain in a few paragraphs how a lighthouse works and why lighthouses are painted in stripes."
+EDIT_TOKENS, CHAT_TOKENS = 400, 200
+
+
+def spec_request(engine: Engine, content: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
+    """One greedy request: its text and the server's timings (decode tok/s, drafted/accepted tokens)."""
+    from gguf_provider.events import TextDelta, Timings
+
+    text, timings = [], {}
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "temperature": 0,
+            "seed": SEED}
+    for ev in engine.stream(body, loop_guard=False):
+        if isinstance(ev, TextDelta):
+            text.append(ev.text)
+        elif isinstance(ev, Timings):
+            timings = ev.data
+    return "".join(text), timings
+
+
+def bench_speculative(model: Path) -> dict[str, Any]:
+    """The same requests on two servers of one model: the default speculation ("auto") and none. Prompt cached
+    (each request is sent once before it is timed); the greedy text must be the same on both."""
+    edit = EDIT_TASK.format(source=EDIT_SOURCE.read_text())
+    engines = {mode: Engine(EngineConfig(model_path=str(model), n_ctx=N_CTX, n_parallel=1, keep_alive=0,
+                                         speculative=mode, shared=False))
+               for mode in ("auto", False)}
+    out: dict[str, Any] = {"model": model.name, "edit_tokens": EDIT_TOKENS, "chat_tokens": CHAT_TOKENS}
+    try:
+        for e in engines.values():
+            e.load()
+        texts: dict[tuple[str, Any], str] = {}
+        for (task, content, n) in (("edit", edit, EDIT_TOKENS), ("chat", CHAT_TASK, CHAT_TOKENS)):
+            for mode, e in engines.items():  # warm-up: the prompt is cached from here on
+                texts[(task, mode)] = spec_request(e, content, n)[0]
+        edit_speed: dict[Any, list[float]] = {"auto": [], False: []}
+        chat_speed: dict[Any, list[float]] = {"auto": [], False: []}
+        drafts: list[dict[str, Any]] = []
+        identical = {"edit": True, "chat": True}
+
+        def step(r: int) -> None:
+            modes = ["auto", False] if r % 2 == 0 else [False, "auto"]
+            for task, content, n, dest in (("edit", edit, EDIT_TOKENS, edit_speed),
+                                           ("chat", CHAT_TASK, CHAT_TOKENS, chat_speed)):
+                for mode in modes:
+                    text, t = spec_request(engines[mode], content, n)
+                    identical[task] &= text == texts[(task, mode)] == texts[(task, "auto" if not mode else False)]
+                    dest[mode].append(float(t.get("predicted_per_second") or 0.0))
+                    if task == "edit" and mode == "auto":
+                        drafts.append({k: t.get(k) for k in ("draft_n", "draft_n_accepted", "predicted_n")})
+            log(f"P7 round {r + 1}: code edit {edit_speed['auto'][-1]:.1f} vs {edit_speed[False][-1]:.1f} tok/s; "
+                f"P8 chat {chat_speed['auto'][-1]:.1f} vs {chat_speed[False][-1]:.1f} tok/s")
+
+        def ratio(d: dict[Any, list[float]]) -> list[float]:
+            return [a / b for a, b in zip(d["auto"], d[False], strict=True)]
+
+        rounds = max(3, ROUNDS // 2)  # a round is ~30 s here; the goals are far from 1 or checked for regression
+        r = 0
+        while r < rounds or ((undecided(ratio(edit_speed), GOALS["p7"]) or undecided(ratio(chat_speed), GOALS["p8"]))
+                             and r < MAX_ROUNDS // 2):
+            step(r)
+            r += 1
+        out.update({"rounds": r, "edit_ratio": summary(ratio(edit_speed), GOALS["p7"]),
+                    "chat_ratio": summary(ratio(chat_speed), GOALS["p8"]),
+                    "edit_tok_s": {str(k): summary(v) for k, v in edit_speed.items()},
+                    "chat_tok_s": {str(k): summary(v) for k, v in chat_speed.items()},
+                    "identical": identical, "drafts": drafts,
+                    "edit_text_sha": {str(m): hash(texts[("edit", m)]) for m in ("auto", False)}})
+        if not all(identical.values()):  # a greedy text that differs is a correctness problem, not a speed one
+            out["edit_ratio"]["verdict"] = out["chat_ratio"]["verdict"] = "no"
+            log(f"P7/P8: the greedy text differs with speculation on: {identical}")
+    finally:
+        for e in engines.values():
+            e.unload()
+    return out
+
+
+def auto_context(model: Path, cache_type: str, limit: str) -> int:
+    """The context the fit gives ``model`` with KV cache ``cache_type`` under a memory limit of ``limit``."""
+    from gguf_provider.runtime import budget
+
+    old = os.environ.get(budget.LIMIT_ENV)
+    os.environ[budget.LIMIT_ENV] = limit
+    engine = Engine(EngineConfig(model_path=str(model), kv_cache_type=cache_type, speculative=False, keep_alive=0,
+                                 shared=False))
+    try:
+        return int(engine.load().n_ctx)
+    finally:
+        engine.unload()
+        if old is None:
+            os.environ.pop(budget.LIMIT_ENV, None)
+        else:
+            os.environ[budget.LIMIT_ENV] = old
+
+
+P9_LIMIT = "900MiB"
+
+
+def bench_cache_type(model: Path) -> dict[str, Any]:
+    """The fit is deterministic: one start per cache type under the same memory limit."""
+    f16, q8 = auto_context(model, "f16", P9_LIMIT), auto_context(model, "q8_0", P9_LIMIT)
+    log(f"P9: automatic context under {P9_LIMIT}: f16 {f16}, q8_0 {q8} tokens")
+    return {"model": model.name, "limit": P9_LIMIT, "f16": f16, "q8_0": q8,
+            "ratio": summary([q8 / f16], GOALS["p9"])}
+
+
 # --- report ------------------------------------------------------------------------------------------------------
 
 
@@ -499,6 +612,15 @@ def rows(res: dict[str, Any]) -> list[Row]:
             res["p4"]["ratio"])
     if "p5" in res:
         add(f"P5 abatch of {BATCH} ÷ raw {BATCH} concurrent, aggregate tok/s", "ChatGGUF", res["p5"]["ratio"])
+    if "p7" in res:
+        p = res["p7"]
+        add(f"P7 code-edit decode tok/s, speculation on ÷ off ({p['model']})", "llama-server (auto)", p["edit_ratio"], 2)
+        add(f"P8 chat decode tok/s, default ÷ speculation off ({p['model']})", "llama-server (auto)", p["chat_ratio"],
+            3)
+    if "p9" in res:
+        p = res["p9"]
+        add(f"P9 automatic context, q8_0 ÷ f16 KV cache under {p['limit']} ({p['model']})", "fit",
+            p["ratio"], 2)
     if "p6" in res:
         add(f"P6 GGUF header: gguf.GGUFReader time ÷ ours ({res['p6']['model']})", "read_header",
             res["p6"]["speedup"], 0, "x")
@@ -561,6 +683,22 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
         p = res["p6"]
         lines += ["", f"P6 absolute: ours {p['ours_ms']['median']:.2f} ms, gguf.GGUFReader "
                   f"{p['gguf_ms']['median']:.0f} ms ({p['size'] / 1e6:.0f} MB file, page cache warm)."]
+    if "p7" in res:
+        p = res["p7"]
+        drafted = sum(d.get("draft_n") or 0 for d in p["drafts"])
+        accepted = sum(d.get("draft_n_accepted") or 0 for d in p["drafts"])
+        lines += ["", f"P7/P8 ({p['model']}, two servers of it, `speculative=\"auto\"` and `False`, "
+                  f"{p['rounds']} rounds, decode tok/s from the server's timings, prompt cached): code edit "
+                  f"{p['edit_tok_s']['auto']['median']:.1f} vs {p['edit_tok_s']['False']['median']:.1f} tok/s, "
+                  f"chat {p['chat_tok_s']['auto']['median']:.1f} vs {p['chat_tok_s']['False']['median']:.1f} "
+                  f"tok/s; greedy text identical with and without: {p['identical']}; drafted tokens accepted "
+                  f"{accepted}/{drafted}. Code-edit task ({p['edit_tokens']} tokens): \"" +
+                  EDIT_TASK.split(chr(10))[0] + f"\" followed by `bench/data/{EDIT_SOURCE.name}` "
+                  f"({EDIT_SOURCE.stat().st_size} bytes). Chat task ({p['chat_tokens']} tokens): \"{CHAT_TASK}\""]
+    if "p9" in res:
+        p = res["p9"]
+        lines += ["", f"P9 absolute: {p['model']} under `GGUF_PROVIDER_MEMORY_LIMIT={p['limit']}`: automatic context "
+                  f"{p['f16']} tokens with an f16 KV cache, {p['q8_0']} with q8_0."]
     lines += ["", "![benchmarks](benchmarks.png)", ""]
     notes = ROOT / "bench" / "NOTES.md"
     if notes.exists():
@@ -574,7 +712,7 @@ def write_chart(res: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(13, 8))
+    fig, axes = plt.subplots(2, 3, figsize=(18, 8))
 
     def bars(ax: Any, items: list[tuple[str, dict[str, Any]]], title: str, goal: float | None) -> None:
         names = [n for n, _ in items]
@@ -610,12 +748,53 @@ def write_chart(res: dict[str, Any], path: Path) -> None:
         bars(axes[1][1], ratios, "P4 (goal <= 0.2), P5 (goal >= 0.97)", None)
         axes[1][1].axhline(0.2, color="#e45756", linestyle="--")
         axes[1][1].axhline(0.97, color="#e45756", linestyle=":")
+    spec = []
+    if "p7" in res:
+        spec += [("P7 code edit spec÷off", res["p7"]["edit_ratio"]), ("P8 chat default÷off", res["p7"]["chat_ratio"])]
+    if "p9" in res:
+        spec.append(("P9 ctx q8_0÷f16", res["p9"]["ratio"]))
+    if spec:
+        bars(axes[0][2], spec, "P7 (goal >= 2), P8 (>= 0.97), P9 (>= 1.8)", None)
+        for goal, style in ((2.0, "--"), (0.97, ":"), (1.8, "-.")):
+            axes[0][2].axhline(goal, color="#e45756", linestyle=style)
+    if "p2_replay" in res:
+        bars(axes[1][2], [(n.replace(" (LlamaIndex)", " LI"), {"median": v, "min": v, "max": v})
+                          for n, v in res["p2_replay"]["floor_ratio"].items()],
+             "P2 replayed CPU per token ÷ framework floor", GOALS["p2_floor"].value)
+        axes[1][2].set_ylim(0.8, 1.3)
     if "p6" in res:
         fig.suptitle(f"gguf-provider benchmarks — P6 header read speedup over gguf.GGUFReader: "
                      f"{res['p6']['speedup']['median']:.0f}x")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def shared_server_benches(small: Path, res: dict[str, Any], speed: float) -> None:
+    """P1–P5 on one shared server, pinned to its own core."""
+    log(f"starting the shared server ({small.name}, TCP port {PORT})")
+    # Speculation off: P1–P5 measure the clients, one token per server write (P7/P8 measure speculation).
+    engine = Engine(EngineConfig(model_path=str(small), n_ctx=N_CTX, n_parallel=N_PARALLEL, port=PORT, keep_alive=0,
+                                 server_args=SERVER_ARGS, speculative=False))
+    info = engine.load()
+    url, api_key = info.address.url, info.address.api_key
+    assert url and api_key
+    res["server"] = {"url": url, "build_info": info.props.get("build_info"), "n_ctx": info.n_ctx}
+    res["pinning"] = machine.pin(info.pid)
+    log(f"pinning: {res['pinning']}")
+    attach_goal = Goal("<=", GOALS["p3_attach"].value * speed)
+    try:
+        if "p1" in ONLY:
+            res["p1"] = bench_stream(url, api_key)
+        if "p4" in ONLY:
+            res["p4"] = bench_multiturn(url, api_key)
+        if "p5" in ONLY:
+            res["p5"] = bench_batch(url, api_key)
+        if "p3" in ONLY:
+            res["p3"] = {"attach": bench_attach(small, url, api_key, attach_goal), "attach_goal_ms": attach_goal.value}
+    finally:
+        machine.unpin(info.pid)
+        engine.unload()
 
 
 def outputs() -> tuple[Path, Path, Path]:
@@ -662,30 +841,14 @@ def main() -> None:
     if "p1" in ONLY:
         res["p2_replay"] = bench_replay()
         log("P2 replayed: " + ", ".join(f"{n} {v:.1f} µs/tok" for n, v in res["p2_replay"]["us_per_token"].items()))
-    log(f"starting the shared server ({small.name}, TCP port {PORT})")
-    engine = Engine(EngineConfig(model_path=str(small), n_ctx=N_CTX, n_parallel=N_PARALLEL, port=PORT, keep_alive=0,
-                                 server_args=SERVER_ARGS))
-    info = engine.load()
-    url, api_key = info.address.url, info.address.api_key
-    assert url and api_key
-    res["server"] = {"url": url, "build_info": info.props.get("build_info"), "n_ctx": info.n_ctx}
-    res["pinning"] = machine.pin(info.pid)
-    log(f"pinning: {res['pinning']}")
-    attach_goal = Goal("<=", GOALS["p3_attach"].value * speed)
-    try:
-        if "p1" in ONLY:
-            res["p1"] = bench_stream(url, api_key)
-        if "p4" in ONLY:
-            res["p4"] = bench_multiturn(url, api_key)
-        if "p5" in ONLY:
-            res["p5"] = bench_batch(url, api_key)
-        if "p3" in ONLY:
-            res["p3"] = {"attach": bench_attach(small, url, api_key, attach_goal), "attach_goal_ms": attach_goal.value}
-    finally:
-        machine.unpin(info.pid)
-        engine.unload()
+    if ONLY & {"p1", "p3", "p4", "p5"}:
+        shared_server_benches(small, res, speed)
     if "p3" in ONLY:
         res["p3"]["cold"] = bench_cold(small)
+    if "p7" in ONLY or "p8" in ONLY:
+        res["p7"] = bench_speculative(large)
+    if "p9" in ONLY:
+        res["p9"] = bench_cache_type(large)
     res["machine"]["load_after"] = list(os.getloadavg())
     res["elapsed_s"] = time.perf_counter() - started
     results_path.write_text(json.dumps(res, indent=1, default=str))

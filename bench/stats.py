@@ -51,7 +51,7 @@ class Goal:
     value: float
 
     def __str__(self) -> str:
-        return f"{self.op} {self.value:g}"
+        return f"{self.op} {self.value:.4g}"
 
     def verdict(self, lo: float, hi: float) -> Verdict:
         if self.op == ">=":
