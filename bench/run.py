@@ -53,7 +53,10 @@ BATCH, BATCH_TOKENS = 4, 128
 GOALS = {
     "p1": Goal(">=", 0.99),  # stream throughput ÷ raw httpx
     "p2_floor": Goal("<=", 1.10),  # live client CPU per token ÷ the framework's floor
-    "p3_attach": Goal("<=", 150.0),  # ms on the reference machine; scaled by the calibration
+    # A fresh process attaching and asking once, ÷ the same with raw httpx. 1.75 = the old goal of 150 ms over the
+    # reference machine's 201 ms raw process, as a ratio: a slower or busier machine slows both processes alike
+    # (ms goals scaled by a CPU calibration did not hold under load: process starts slow more than CPU bursts).
+    "p3_attach": Goal("<=", 1.75),
     "p4": Goal("<=", 0.2),
     "p5": Goal(">=", 0.97),
     "p6": Goal(">=", 100.0),
@@ -219,12 +222,13 @@ def bench_attach(model: Path, url: str, api_key: str, goal: Goal) -> dict[str, A
         log(f"P3 attach round {r + 1}: raw {raws[-1]['wall'] * 1e3:.0f} ms, "
             f"gguf_provider {engs[-1]['wall'] * 1e3:.0f} ms")
 
-    def extra() -> list[float]:
-        return [(e["wall"] - r["wall"]) * 1e3 for r, e in zip(raws, engs, strict=True)]
+    def ratio() -> list[float]:
+        return [e["wall"] / r["wall"] for r, e in zip(raws, engs, strict=True)]
 
-    adaptive("P3 attach", step, extra, goal)
+    adaptive("P3 attach", step, ratio, goal)
     return {
-        "extra_ms": summary(extra(), goal),
+        "ratio": summary(ratio(), goal),
+        "extra_ms": summary([(e["wall"] - r["wall"]) * 1e3 for r, e in zip(raws, engs, strict=True)]),
         "extra_in_process_ms": summary([(e["total"] - r["total"]) * 1e3 for r, e in zip(raws, engs, strict=True)]),
         "raw_ms": summary([r["wall"] * 1e3 for r in raws]), "engine_ms": summary([e["wall"] * 1e3 for e in engs]),
         "engine_split_ms": {k: summary([e[k] * 1e3 for e in engs]) for k in ("startup", "import", "attach",
@@ -600,6 +604,7 @@ def rows(res: dict[str, Any]) -> list[Row]:
                 {"median": v, "min": v, "max": v}, 2)
     if "p3" in res:
         a = res["p3"]["attach"]
+        add("P3 attach + 1 request from a fresh process ÷ the same with raw httpx", "gguf_provider.Engine", a["ratio"])
         add("P3 attach + 1 request, extra wall over a raw httpx process", "gguf_provider.Engine", a["extra_ms"], 0,
             " ms")
         if "cold" in res["p3"]:
@@ -649,7 +654,7 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
         "measured back to back). *Band* is the ~95% confidence interval of that median (order statistics, "
         "`bench/stats.py`). The verdict is **yes** when the whole band meets the goal, **no** when none of it "
         "does, and **within noise** when the band straddles the goal; rounds are added (up to "
-        f"{MAX_ROUNDS}) while it straddles. Absolute goals in ms are scaled by the machine's calibration.",
+        f"{res.get('max_rounds', MAX_ROUNDS)}) while it straddles. Goals are ratios, so a slower machine is not failed for being slow.",
         "",
         f"- Machine: {m['cpu']}, {m['cores']} cores, {m['platform']}; load average before the run "
         f"{', '.join(f'{x:.2f}' for x in m['load_before'])}, after {', '.join(f'{x:.2f}' for x in m.get('load_after', []))}.",
@@ -738,7 +743,7 @@ def write_chart(res: dict[str, Any], path: Path) -> None:
         items = [("attach extra", c["attach"]["extra_ms"])]
         if "cold" in c:
             items += [("cold: ours", c["cold"]["ours_ms"]), ("cold: bare", c["cold"]["bare_ms"])]
-        bars(axes[1][0], items, "P3 ms (attach extra; cold start to 1st token)", res["p3"]["attach_goal_ms"])
+        bars(axes[1][0], items, "P3 ms (attach extra; cold start to 1st token)", None)
     ratios = []
     if "p4" in res:
         ratios.append(("P4 warm÷cold TTFT", res["p4"]["ratio"]))
@@ -770,7 +775,7 @@ def write_chart(res: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def shared_server_benches(small: Path, res: dict[str, Any], speed: float) -> None:
+def shared_server_benches(small: Path, res: dict[str, Any]) -> None:
     """P1–P5 on one shared server, pinned to its own core."""
     log(f"starting the shared server ({small.name}, TCP port {PORT})")
     # Speculation off: P1–P5 measure the clients, one token per server write (P7/P8 measure speculation).
@@ -782,7 +787,6 @@ def shared_server_benches(small: Path, res: dict[str, Any], speed: float) -> Non
     res["server"] = {"url": url, "build_info": info.props.get("build_info"), "n_ctx": info.n_ctx}
     res["pinning"] = machine.pin(info.pid)
     log(f"pinning: {res['pinning']}")
-    attach_goal = Goal("<=", GOALS["p3_attach"].value * speed)
     try:
         if "p1" in ONLY:
             res["p1"] = bench_stream(url, api_key)
@@ -791,7 +795,7 @@ def shared_server_benches(small: Path, res: dict[str, Any], speed: float) -> Non
         if "p5" in ONLY:
             res["p5"] = bench_batch(url, api_key)
         if "p3" in ONLY:
-            res["p3"] = {"attach": bench_attach(small, url, api_key, attach_goal), "attach_goal_ms": attach_goal.value}
+            res["p3"] = {"attach": bench_attach(small, url, api_key, GOALS["p3_attach"])}
     finally:
         machine.unpin(info.pid)
         engine.unload()
@@ -811,11 +815,13 @@ def compare(a: Path, b: Path) -> int:
     differ = 0
     print(f"load before: {ra['machine']['load_before'][0]:.2f} vs {rb['machine']['load_before'][0]:.2f}; "
           f"calibration {ra['machine']['calibration_ms']:.1f} vs {rb['machine']['calibration_ms']:.1f} ms")
-    for key in sorted(set(va) | set(vb)):
-        same = va.get(key) == vb.get(key)
+    for key in sorted(set(va) & set(vb)):
+        same = va[key] == vb[key]
         differ += not same
-        print(f"{'  ' if same else '≠ '}{key}: {va.get(key, '-')} | {vb.get(key, '-')}")
-    print(f"{differ} verdict(s) differ")
+        print(f"{'  ' if same else '≠ '}{key}: {va[key]} | {vb[key]}")
+    for key in sorted(set(va) ^ set(vb)):
+        print(f"  (in one report only) {key}")
+    print(f"{differ} of {len(set(va) & set(vb))} verdicts differ")
     return 1 if differ else 0
 
 
@@ -842,7 +848,7 @@ def main() -> None:
         res["p2_replay"] = bench_replay()
         log("P2 replayed: " + ", ".join(f"{n} {v:.1f} µs/tok" for n, v in res["p2_replay"]["us_per_token"].items()))
     if ONLY & {"p1", "p3", "p4", "p5"}:
-        shared_server_benches(small, res, speed)
+        shared_server_benches(small, res)
     if "p3" in ONLY:
         res["p3"]["cold"] = bench_cold(small)
     if "p7" in ONLY or "p8" in ONLY:
