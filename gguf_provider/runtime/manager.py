@@ -396,7 +396,9 @@ class ServerManager:
         # A file that is not GGUF or is cut short fails here, typed and before anything is spawned.
         header = gguf.read_header(spec.model)
         draft = gguf.read_header(spec.draft_model) if spec.draft_model else None
-        check_cache_type(spec.kv_cache_type, caps, header)
+        for h in (header, draft):
+            if h is not None:
+                check_cache_type(spec.kv_cache_type, caps, h)
         speculative_mod.check_type(spec.speculative, caps)
         why_not = speculative_mod.unsupported(spec.speculative, caps)
         if why_not:
