@@ -13,7 +13,7 @@ import httpx
 import nbformat
 import pytest
 from IPython.core.error import UsageError
-from IPython.testing.globalipapp import start_ipython
+from IPython.testing import globalipapp
 
 from gguf_provider import chat as chat_module
 from gguf_provider.jupyter import commands, display
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture(scope="module")
 def ip(smollm2_path: Path) -> Iterator[Any]:
-    shell = start_ipython()
+    shell = globalipapp.start_ipython() or globalipapp.get_ipython()  # None: started by an earlier test
     shell.run_line_magic("load_ext", "gguf_provider")
     summary = shell.run_line_magic("gguf", f"load {smollm2_path} --ctx 2048 --as smol")
     assert summary.n_ctx == 2048

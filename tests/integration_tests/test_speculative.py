@@ -206,9 +206,9 @@ def test_q8_0_cache_fits_a_larger_automatic_context_under_a_memory_limit(
 
 def test_magics_load_takes_speculative(rt: RuntimeEnv, qwen_path: Path) -> None:
     from IPython.core.error import UsageError
-    from IPython.testing.globalipapp import start_ipython
+    from IPython.testing import globalipapp
 
-    shell = start_ipython()
+    shell = globalipapp.start_ipython() or globalipapp.get_ipython()  # None: started by an earlier test
     shell.run_line_magic("load_ext", "gguf_provider")
     magics = shell.magics_manager.registry["GGUFMagics"]
     try:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from gguf_provider.engine import Engine, EngineConfig
+from gguf_provider.engine import Engine, EngineConfig, resolve_spec
 from gguf_provider.errors import ServerCrashedError, ServerTimeoutError
 from gguf_provider.events import TextDelta
 from gguf_provider.runtime import manager as mgr
@@ -85,7 +85,7 @@ def test_hung_server_times_out_never_hangs(rt: RuntimeEnv) -> None:
         # orphan the first one.
         t0 = time.monotonic()
         with pytest.raises(ServerTimeoutError, match="does not answer.*gguf-provider stop"):
-            mgr.ServerManager().acquire(mgr.ServerSpec(model=rt.model, n_ctx=2048))
+            mgr.ServerManager().acquire(resolve_spec(engine.config))
         assert time.monotonic() - t0 < 10
         assert [p.pid for p in rt.servers()] == [pid]
     finally:
