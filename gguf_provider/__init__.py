@@ -22,6 +22,8 @@ from .errors import (
     ModelDownloadError,
     ModelError,
     ModelNotFoundError,
+    RPCWorkerLostError,
+    RPCWorkerUnreachableError,
     ServerConnectionError,
     ServerCrashedError,
     ServerError,
@@ -76,7 +78,8 @@ __all__ = [
     "GGUF", "GGUFEmbedding", "GGUFEmbeddings",
     "GGUFFormatError", "GGUFProviderError", "InsufficientDiskError", "InsufficientMemoryError", "MediaFetchError",
     "MissingShardError",
-    "ModelDownloadError", "ModelError", "ModelNotFoundError", "ServerConnectionError", "ServerCrashedError", "ServerError",
+    "ModelDownloadError", "ModelError", "ModelNotFoundError", "RPCWorkerLostError", "RPCWorkerUnreachableError",
+    "ServerConnectionError", "ServerCrashedError", "ServerError",
     "ServerStartError", "ServerTimeoutError", "UnknownQuantError", "UnsupportedInputError",
     "__version__",
 ]

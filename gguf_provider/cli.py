@@ -120,7 +120,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
     for r in rows:
         print(f"{r.id}  pid {r.pid:>7}  ctx {r.ctx:>6}  mem {r.memory / 2**20:6.0f} MiB (rss "
               f"{r.rss / 2**20:.0f})  leases {r.leases}  last used {now - r.last_used:6.0f}s ago  {r.model}  "
-              f"{r.address}")
+              f"{r.address}" + (f"  workers {','.join(r.workers)}" if r.workers else ""))
     print(budget.describe())
     return 0
 
@@ -173,13 +173,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     try:
         engine = Engine(EngineConfig(model=args.spec, port=args.port, n_ctx=args.ctx, keep_alive=0,
-                                     speculative=args.speculative, kv_cache_type=args.kv_cache_type))
+                                     speculative=args.speculative, kv_cache_type=args.kv_cache_type,
+                                     rpc_servers=args.rpc))
         info = engine.load()
-    except ValueError as exc:  # a speculative or cache type this build (or the fit) does not know
+    except ValueError as exc:  # a speculative or cache type this build (or the fit) does not know, a bad worker
         print(f"gguf-provider: error: {exc}", file=sys.stderr)
         return 2
     print(f"serving {info.model} (ctx {engine.n_ctx}, speculative {engine.config.speculative}, KV cache "
-          f"{engine.config.kv_cache_type}) at {info.address.describe()} pid {info.pid}; Ctrl-C stops it", flush=True)
+          f"{engine.config.kv_cache_type}"
+          + (f", RPC workers {','.join(engine.config.rpc_servers)}" if engine.config.rpc_servers else "")
+          + f") at {info.address.describe()} pid {info.pid}; Ctrl-C stops it", flush=True)
     if info.address.api_key:
         print("the API key is in the server's key file in the runtime dir (0600)", flush=True)
     try:
@@ -190,6 +193,60 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         engine.unload()
     return 0
+
+
+RPC_WARNING = ("the RPC protocol has no authentication and no encryption: anyone who can reach {where} can run "
+               "computations on this machine and read what it holds. Listen only on a trusted network")
+
+
+def cmd_rpc_worker(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from .runtime import discovery, rpc
+
+    if not rpc.is_loopback(args.host) and not args.unauthenticated_ok:
+        print(f"gguf-provider: error: --host {args.host} is not loopback and "
+              + RPC_WARNING.format(where=f"{args.host}:{args.port}")
+              + "; pass --i-know-rpc-is-unauthenticated to listen there anyway (docs/distributed.md)",
+              file=sys.stderr)
+        return 2
+    binary = rpc.find_rpc_server(discovery.find_llama_server(None))
+    if binary is None:
+        print("gguf-provider: error: no rpc-server found (beside llama-server, in our install or on PATH); "
+              "`gguf-provider server install` builds one", file=sys.stderr)
+        return 1
+    help_text = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=30).stderr
+    try:
+        argv = rpc.worker_argv(binary, host=args.host, port=args.port, threads=args.threads, cache=args.cache,
+                               mem_mib=args.mem, help_text=help_text)
+    except ValueError as exc:
+        print(f"gguf-provider: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"gguf-provider: warning: {RPC_WARNING.format(where=f'{args.host}:{args.port}')}", file=sys.stderr,
+          flush=True)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:  # rpc-server's banner: endpoint and each device's memory, then one line per client
+            text = line.rstrip()
+            if text.startswith("Starting RPC server"):
+                print(f"rpc-worker: {binary} ({text.removeprefix('Starting ')})", flush=True)
+            elif "endpoint" in text and ":" in text:
+                print(f"listening on {args.host}:{args.port}; use rpc_servers=['HOST:{args.port}'] or --rpc", flush=True)
+            elif "MiB free" in text:
+                print(f"offers {text.strip()}", flush=True)
+            else:
+                print(text, flush=True)
+        return proc.wait()
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 def cmd_embed(args: argparse.Namespace) -> int:
@@ -265,6 +322,18 @@ def build_parser() -> argparse.ArgumentParser:
                             "(ngram-mod, ...) or a draft model with the same vocabulary (default: auto)")
     serve.add_argument("--kv-cache-type", default="f16", metavar="TYPE",
                        help="K and V cache type: f16 (default), q8_0, q4_0, ... as the build lists")
+    serve.add_argument("--rpc", default="", metavar="HOST:PORT,...",
+                       help="RPC workers (`gguf-provider rpc-worker`) to spread the model over (docs/distributed.md)")
+    worker = _command(sub, "rpc-worker", cmd_rpc_worker,
+                      "run a llama.cpp RPC worker (rpc-server) in the foreground for another machine's llama-server")
+    worker.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default: loopback only; another needs the flag below)")
+    worker.add_argument("--port", type=int, default=50052)
+    worker.add_argument("--mem", type=int, metavar="MiB", help="memory to offer (builds with rpc-server --mem)")
+    worker.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: rpc-server's)")
+    worker.add_argument("--cache", action="store_true", help="keep received tensors in a local file cache")
+    worker.add_argument("--i-know-rpc-is-unauthenticated", dest="unauthenticated_ok", action="store_true",
+                        help="listen on a non-loopback address although anyone who reaches it can use the worker")
     embed = _command(sub, "embed", cmd_embed, "embed texts (arguments, or lines of stdin): one JSON vector per line",
                      json_flag=True)
     embed.add_argument("spec", help="an embedding model: path, name in the models dir, or org/repo[:QUANT]")

@@ -29,6 +29,7 @@ from .errors import (
     ContextOverflowError,
     LoopWarning,
     ModelNotFoundError,
+    RPCWorkerLostError,
     ServerConnectionError,
     ServerCrashedError,
 )
@@ -84,11 +85,29 @@ class EngineConfig:
     kv_cache_type: str = "f16"  # K and V cache type: f16, q8_0, q4_0, ... (what the build lists)
 
     def __post_init__(self) -> None:
-        from .runtime import speculative
+        from .runtime import rpc, speculative
 
         # Wrong values fail here, at construction, not when the server starts.
         object.__setattr__(self, "speculative", speculative.normalize(self.speculative))
         object.__setattr__(self, "kv_cache_type", validate_cache_type(self.kv_cache_type))
+        object.__setattr__(self, "rpc_servers", rpc.normalize(self.rpc_servers))
+
+
+def rpc_lost(info: mgr.ServerInfo, workers: tuple[str, ...]) -> RPCWorkerLostError | None:
+    """The typed error for a server that died because RPC workers went away: the ones that no longer accept
+    connections, or (when all still do) the log's word that a worker broke off; None when neither."""
+    from .runtime import rpc
+
+    tail = info.log_tail()
+    gone = tuple(w for w in workers if not rpc.reachable(w))
+    if not gone and "RPC server crashed" not in tail:
+        return None
+    which = f"RPC worker{'s' * (len(gone) > 1)} {', '.join(gone)} went away" if gone else "an RPC worker broke off"
+    return RPCWorkerLostError(
+        f"llama-server (pid {info.pid}) died during the request: {which}. Restart "
+        f"{'it' if len(gone) == 1 else 'the workers'} (`gguf-provider rpc-worker`) or drop "
+        f"{'it' if len(gone) == 1 else 'them'} from rpc_servers; the next call starts a new server",
+        gone, tail, info.log_path)
 
 
 def resolve_spec(cfg: EngineConfig) -> mgr.ServerSpec:
@@ -259,6 +278,10 @@ class Engine:
         if info is not None and self._lease is not None and not _still_alive(info):
             with self._lock:
                 self._drop()  # the next call starts a fresh server
+            if self.config.rpc_servers:
+                lost = rpc_lost(info, self.config.rpc_servers)
+                if lost is not None:
+                    return lost
             return ServerCrashedError(
                 f"llama-server (pid {info.pid}) died during the request ({type(exc).__name__}); the next call "
                 f"starts a new one", info.log_tail(), info.log_path)
@@ -270,6 +293,8 @@ class Engine:
         for attempt in itertools.count():
             try:
                 return call()
+            except RPCWorkerLostError:
+                raise  # a worker that went away does not come back on a retry
             except (ServerCrashedError, ServerConnectionError):
                 if attempt >= self.config.max_retries:
                     raise
@@ -279,6 +304,8 @@ class Engine:
         for attempt in itertools.count():
             try:
                 return await call()
+            except RPCWorkerLostError:
+                raise  # a worker that went away does not come back on a retry
             except (ServerCrashedError, ServerConnectionError):
                 if attempt >= self.config.max_retries:
                     raise

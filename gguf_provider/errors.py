@@ -18,7 +18,9 @@ Every error the library raises on purpose derives from :class:`GGUFProviderError
     ├── MediaFetchError                    an image URL could not be fetched           .url .status_code
     ├── ServerError                        the llama-server process failed             .log_tail .log_path
     │   ├── ServerStartError               exited or not healthy while starting
+    │   │   └── RPCWorkerUnreachableError  an RPC worker cannot be reached or is busy  .worker
     │   ├── ServerCrashedError             died during a request
+    │   │   └── RPCWorkerLostError         ... because an RPC worker went away          .workers
     │   ├── ServerTimeoutError             did not answer in time
     │   └── ServerConnectionError          could not be reached
     └── APIError                           the server answered a request with an error .status_code .body
@@ -121,6 +123,25 @@ class ServerStartError(ServerError):
 
 class ServerCrashedError(ServerError):
     """llama-server died while serving a request."""
+
+
+class RPCWorkerUnreachableError(ServerStartError):
+    """An RPC worker (``rpc_servers``) refused the connection, does not resolve, or is busy with another client;
+    checked before llama-server starts."""
+
+    def __init__(self, message: str, worker: str, log_tail: str = "", log_path: Path | None = None) -> None:
+        super().__init__(message, log_tail, log_path)
+        self.worker = worker
+
+
+class RPCWorkerLostError(ServerCrashedError):
+    """llama-server died during a request because an RPC worker went away (``workers``: the ones that no longer
+    accept connections)."""
+
+    def __init__(self, message: str, workers: tuple[str, ...], log_tail: str = "",
+                 log_path: Path | None = None) -> None:
+        super().__init__(message, log_tail, log_path)
+        self.workers = workers
 
 
 class ServerTimeoutError(ServerError):

@@ -19,7 +19,7 @@ from typing_extensions import Self
 
 from . import chat
 from .engine import API_KEY_ENV, DEFAULT_TIMEOUT, Engine, EngineConfig, env_api_key, validate_cache_type
-from .runtime import speculative
+from .runtime import rpc, speculative
 from .runtime.manager import DEFAULT_START_TIMEOUT
 
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty",
@@ -87,7 +87,9 @@ class ServerOptions(_Options):
     server_args: list[str] = Field(default_factory=list, description=(
         "Extra llama-server command-line arguments, passed as they are."))
     rpc_servers: list[str] = Field(default_factory=list, description=(
-        "llama.cpp RPC workers (`host:port`) to spread the model over (`--rpc`)."))
+        "llama.cpp RPC workers (`host:port`, `gguf-provider rpc-worker`) to spread the model over (`--rpc`): "
+        "every layer goes to them unless `n_gpu_layers` says otherwise, and the fit counts their memory "
+        "(docs/distributed.md)."))
     llama_server: str | None = Field(default=None, description=(
         "The llama-server binary to run; default: discovery (`$GGUF_PROVIDER_LLAMA_SERVER`, PATH, our build)."))
     port: int | None = Field(default=None, description=(
@@ -104,6 +106,11 @@ class ServerOptions(_Options):
         "KV cache type for K and V (`--cache-type-k/-v`): `f16`, `q8_0` (about half the memory), `q4_0`, ... as "
         "the build lists; the automatic context is fitted at its size, and a quantized type turns flash attention "
         "on (docs/speed.md)."))
+
+    @field_validator("rpc_servers", mode="before")
+    @classmethod
+    def _rpc_servers(cls, value: Any) -> list[str]:
+        return list(rpc.normalize(value))
 
     @field_validator("kv_cache_type", mode="before")
     @classmethod

@@ -30,6 +30,7 @@ class ServerStatus:
     charge: int  # weights + mmproj + KV cache at its context, computed at start
     last_used: float  # Unix time of its last lease taken or given back
     holders: tuple[int, ...]  # pids of the client processes holding it
+    workers: tuple[str, ...] = ()  # the RPC workers (`host:port`) its model is spread over
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,8 @@ def running_servers() -> list[ServerStatus]:
                                  leases=len(e.get("leases", {})), idle_s=round(idle, 1),
                                  shared=e.get("shared", True), memory=max(charge, rss), charge=charge,
                                  last_used=float(e.get("last_used") or e.get("started_at") or 0.0),
-                                 holders=tuple(sorted(int(p) for p in e.get("leases", {})))))
+                                 holders=tuple(sorted(int(p) for p in e.get("leases", {}))),
+                                 workers=tuple(e.get("rpc_servers") or ())))
     return rows
 
 

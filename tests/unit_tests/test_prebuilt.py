@@ -499,11 +499,30 @@ def test_auto_falls_back_to_the_source_build_with_one_line(home: Path, monkeypat
 
 
 def test_auto_uses_an_existing_install_and_tries_nothing(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_install(install.install_dir("cpu"), {"backend": "cpu", "version": "x"})
+    target = _fake_install(install.install_dir("cpu"), {"backend": "cpu", "version": "x"})
+    for tool in install.TOOL_TARGETS:
+        _script(target / tool, "exit 0\n")
     monkeypatch.setattr(install, "install_prebuilt", lambda *a, **k: pytest.fail("no download for an existing one"))
     calls: list[dict[str, Any]] = []
     inst = install.install("cpu", build_source=_recorder(calls, home))
     assert inst.bin_dir == install.install_dir("cpu") and not inst.fresh and calls == []
+
+
+def test_a_source_install_without_rpc_server_gets_it_incrementally(home: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 15: an install from before GGML_RPC=ON gets rpc-server on the next `server install`, built in the same
+    build dir (force=False keeps it: only what the new option changes is compiled)."""
+    target = _fake_install(install.install_dir("cpu"), {"backend": "cpu", "version": "x"})
+    for tool in ("llama-gguf-split", "llama-quantize"):
+        _script(target / tool, "exit 0\n")
+    assert install.missing_tools(install.installed("cpu")) == ["rpc-server"]  # type: ignore[arg-type]
+    monkeypatch.setattr(install, "install_prebuilt", lambda *a, **k: pytest.fail("not for an existing install"))
+    lines: list[str] = []
+    calls: list[dict[str, Any]] = []
+    install.install("cpu", notify=lines.append, build_source=_recorder(calls, home))
+    assert [(c["force"], c["cmake_args"]) for c in calls] == [(False, None)]
+    assert lines == [f"adding rpc-server to {target} (an incremental build in the existing build dir)"]
+    assert "-DGGML_RPC=ON" in install.configure_args(Path("/src"), Path("/build"), "cpu")
 
 
 def test_prebuilt_reuses_only_its_own_tag(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:

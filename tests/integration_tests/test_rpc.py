@@ -1,0 +1,243 @@
+"""llama.cpp RPC end to end: real `gguf-provider rpc-worker` processes (rpc-server from our install) on loopback,
+SmolLM2 spread over two of them, a worker killed mid-stream, a worker that is not there, and the non-loopback guard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gguf_provider.engine import Engine, EngineConfig
+from gguf_provider.errors import RPCWorkerLostError, RPCWorkerUnreachableError
+from gguf_provider.events import TextDelta
+from gguf_provider.runtime import rpc
+from tests.support.runtime import ROOT, RuntimeEnv, wait_until
+
+pytestmark = pytest.mark.timeout(300)
+
+QUESTION = {"messages": [{"role": "user", "content": "Name three colors of the rainbow."}], "temperature": 0,
+            "max_tokens": 40}
+LONG = {"messages": [{"role": "user", "content": "Count from 1 to 300, one number per line."}], "temperature": 0,
+        "max_tokens": 400}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Worker:
+    """One `gguf-provider rpc-worker` process and the lines it printed."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.endpoint = f"127.0.0.1:{port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "gguf_provider.cli", "rpc-worker", "--port", str(port),
+                                      "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     cwd=ROOT, start_new_session=True)
+        self.lines: list[str] = []
+        self._seen: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip())
+            self._seen.put(line)
+
+    def wait_listening(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if rpc.reachable(self.endpoint, timeout=0.5) and any("listening on" in ln for ln in self.lines):
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        pytest.fail(f"rpc-worker on {self.endpoint} did not start: {self.lines}")
+
+    def rpc_server(self) -> psutil.Process:
+        (child,) = psutil.Process(self.proc.pid).children()
+        return child
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def workers(rt: RuntimeEnv) -> Iterator[list[Worker]]:
+    started = [Worker(_free_port()), Worker(_free_port())]
+    try:
+        for w in started:
+            w.wait_listening()
+        yield started
+    finally:
+        for w in started:
+            w.stop()
+
+
+def _reply(engine: Engine) -> str:
+    return engine.chat(QUESTION).content
+
+
+def test_a_model_spread_over_two_workers_answers_like_one_machine(rt: RuntimeEnv, workers: list[Worker]) -> None:
+    """Greedy decoding over two CPU workers gives the same text as without them: the workers run the same ggml CPU
+    kernels on the same layer split of the same weights, so the numerics (and here the text) do not change."""
+    w1, w2 = workers
+    assert any("offers" in ln and "MiB free" in ln for ln in w1.lines), w1.lines  # it says what it offers
+    local = Engine(EngineConfig(model_path=str(rt.model), n_ctx=1024))
+    try:
+        expected = _reply(local)
+    finally:
+        local.unload()
+    wait_until(lambda: not rt.servers(), 15)
+
+    spread = Engine(EngineConfig(model_path=str(rt.model), n_ctx=1024, rpc_servers=(w1.endpoint, w2.endpoint)))
+    try:
+        got = _reply(spread)
+        (server,) = rt.servers()
+        argv = server.cmdline()
+        assert argv[argv.index("--rpc") + 1] == f"{w1.endpoint},{w2.endpoint}"
+        assert argv[argv.index("-ngl") + 1] == "999"
+        log = spread.info.log_path.read_text()
+        # llama.cpp put model buffers on both workers' devices (its load log names each RPC device).
+        for w in workers:
+            assert any("RPC" in ln and w.endpoint in ln and "model buffer size" in ln for ln in log.splitlines()), \
+                log[-3000:]
+            assert any("Accepted client connection" in ln for ln in w.lines)
+        assert got == expected and got.strip()
+
+        # `ps` shows the server's workers, as text and JSON.
+        ps = rt.gguf_cli("ps", "--json")
+        rows = json.loads(ps.stdout)["servers"]
+        assert [r["workers"] for r in rows] == [[w1.endpoint, w2.endpoint]]
+        assert f"workers {w1.endpoint},{w2.endpoint}" in rt.gguf_cli("ps").stdout
+        # The registry charged only what stays local: every layer is on the workers.
+        entry = rt.registry()[spread.info.key]
+        assert entry["rpc_servers"] == [w1.endpoint, w2.endpoint]
+    finally:
+        spread.unload()
+
+
+def test_a_worker_killed_mid_stream_is_a_typed_error_then_named_on_the_next_call(
+        rt: RuntimeEnv, workers: list[Worker]) -> None:
+    w1, w2 = workers
+    engine = Engine(EngineConfig(model_path=str(rt.model), n_ctx=1024, rpc_servers=(w1.endpoint, w2.endpoint)))
+    try:
+        pid = engine.info.pid
+        texts = 0
+        killed_at = 0.0
+        with pytest.raises(RPCWorkerLostError) as ei:
+            for ev in engine.stream(LONG):
+                if isinstance(ev, TextDelta):
+                    texts += 1
+                    if texts == 5:
+                        w2.rpc_server().kill()
+                        killed_at = time.monotonic()
+        took = time.monotonic() - killed_at
+        assert killed_at and took < 30, took
+        assert ei.value.workers == (w2.endpoint,)
+        assert w2.endpoint in str(ei.value) and "rpc-worker" in str(ei.value)
+        wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 10)
+
+        # The next call does not hang on the dead worker: a typed error naming it, in seconds.
+        t0 = time.monotonic()
+        with pytest.raises(RPCWorkerUnreachableError) as ei2:
+            engine.chat(QUESTION)
+        assert time.monotonic() - t0 < 10
+        assert ei2.value.worker == w2.endpoint and "nothing listens there" in str(ei2.value)
+        assert not rt.servers()
+
+        # The surviving worker serves a server without the dead one.
+        alone = engine.with_config(rpc_servers=(w1.endpoint,))
+        assert alone.chat(QUESTION).content.strip()
+        alone.unload()
+    finally:
+        engine.unload()
+
+
+def test_a_wrong_port_is_a_typed_error_within_seconds(rt: RuntimeEnv) -> None:
+    port = _free_port()  # nothing listens there
+    t0 = time.monotonic()
+    with pytest.raises(RPCWorkerUnreachableError, match=rf"RPC worker 127\.0\.0\.1:{port} cannot be reached"):
+        Engine(EngineConfig(model_path=str(rt.model), n_ctx=1024, rpc_servers=(f"127.0.0.1:{port}",))).load()
+    assert time.monotonic() - t0 < 10
+    assert not rt.servers()  # nothing was spawned
+
+
+def test_a_busy_worker_is_named_not_waited_for(rt: RuntimeEnv, workers: list[Worker]) -> None:
+    """An rpc-server serves one llama-server at a time: a second server asking for the same worker is told so."""
+    w1, _ = workers
+    first = Engine(EngineConfig(model_path=str(rt.model), n_ctx=1024, rpc_servers=(w1.endpoint,)))
+    try:
+        first.load()
+        other = Engine(EngineConfig(model_path=str(rt.model), n_ctx=2048, rpc_servers=(w1.endpoint,), shared=False))
+        t0 = time.monotonic()
+        with pytest.raises(RPCWorkerUnreachableError, match="busy serving another llama-server"):
+            other.load()
+        assert time.monotonic() - t0 < 15
+    finally:
+        first.unload()
+
+
+def test_rpc_worker_refuses_a_non_loopback_host_without_the_flag(rt: RuntimeEnv) -> None:
+    port = _free_port()
+    out = rt.gguf_cli("rpc-worker", "--host", "0.0.0.0", "--port", str(port), timeout=30)
+    assert out.returncode == 2
+    assert "no authentication" in out.stderr and "--i-know-rpc-is-unauthenticated" in out.stderr
+    assert not rpc.reachable(f"127.0.0.1:{port}", timeout=0.5)
+
+
+def test_serve_and_magics_take_rpc(rt: RuntimeEnv, workers: list[Worker]) -> None:
+    from IPython.testing import globalipapp
+
+    w1, w2 = workers
+    proc = subprocess.Popen([sys.executable, "-m", "gguf_provider.cli", "serve", str(rt.model), "--ctx", "1024",
+                             "--rpc", f"{w1.endpoint},{w2.endpoint}"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert f"RPC workers {w1.endpoint},{w2.endpoint}" in line, (line, proc.stderr.read() if proc.poll() else "")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+    wait_until(lambda: not rt.servers(), 15)
+
+    shell = globalipapp.start_ipython() or globalipapp.get_ipython()  # None: started by an earlier test
+    shell.run_line_magic("load_ext", "gguf_provider")
+    magics = shell.magics_manager.registry["GGUFMagics"]
+    try:
+        shell.run_line_magic("gguf", f"load {rt.model} --ctx 1024 --as spread --rpc {w1.endpoint}")
+        (server,) = rt.servers()
+        assert w1.endpoint in server.cmdline()
+        assert magics.models["spread"].engine.config.rpc_servers == (w1.endpoint,)
+        table = shell.run_line_magic("gguf", "ps")
+        assert any(row.get("workers") == w1.endpoint for row in table.rows)
+    finally:
+        shell.run_line_magic("gguf", "unload --all")
+
+
+def test_rpc_server_is_installed_beside_llama_server(rt: RuntimeEnv) -> None:
+    found = rpc.find_rpc_server(rt.binary)
+    assert found == rt.binary.parent / "rpc-server"
+    marker = json.loads((rt.binary.parent / "installed.json").read_text())
+    if marker.get("origin", "source") == "source":
+        assert "-DGGML_RPC=ON" in marker["cmake_args"] and "rpc-server" in marker["tools"]
+    assert Path(found).stat().st_mode & 0o111
