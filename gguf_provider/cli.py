@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -200,8 +202,6 @@ RPC_WARNING = ("the RPC protocol has no authentication and no encryption: anyone
 
 
 def cmd_rpc_worker(args: argparse.Namespace) -> int:
-    import subprocess
-
     from .runtime import discovery, rpc
 
     if not rpc.is_loopback(args.host) and not args.unauthenticated_ok:
@@ -225,18 +225,19 @@ def cmd_rpc_worker(args: argparse.Namespace) -> int:
     print(f"gguf-provider: warning: {RPC_WARNING.format(where=f'{args.host}:{args.port}')}", file=sys.stderr,
           flush=True)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
-    assert proc.stdout is not None
+    threading.Thread(target=_echo, args=(proc,), daemon=True).start()
+    local = "127.0.0.1" if args.host in ("0.0.0.0", "") else "::1" if args.host == "::" else args.host
+    endpoint = f"[{local}]:{args.port}" if ":" in local else f"{local}:{args.port}"
     try:
-        for line in proc.stdout:  # rpc-server's banner: endpoint and each device's memory, then one line per client
-            text = line.rstrip()
-            if text.startswith("Starting RPC server"):
-                print(f"rpc-worker: {binary} ({text.removeprefix('Starting ')})", flush=True)
-            elif "endpoint" in text and ":" in text:
-                print(f"listening on {args.host}:{args.port}; use rpc_servers=['HOST:{args.port}'] or --rpc", flush=True)
-            elif "MiB free" in text:
-                print(f"offers {text.strip()}", flush=True)
-            else:
-                print(text, flush=True)
+        info = _greet(proc, endpoint)
+        if info is None:
+            print(f"gguf-provider: error: rpc-server exited with status {proc.wait()} before it listened on "
+                  f"{args.host}:{args.port} (its output is above)", file=sys.stderr)
+            return 1
+        print(f"rpc-worker: {binary} pid {proc.pid} listening on {args.host}:{args.port} (RPC v{info.version}); "
+              f"offers {info.offer()}", flush=True)
+        print(f"use it with rpc_servers=['{args.host}:{args.port}'] or --rpc {args.host}:{args.port}; Ctrl-C stops it",
+              flush=True)
         return proc.wait()
     except KeyboardInterrupt:
         return 130
@@ -247,6 +248,29 @@ def cmd_rpc_worker(args: argparse.Namespace) -> int:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+def _echo(proc: subprocess.Popen[str]) -> None:
+    """rpc-server's own lines (its banner arrives with the first client: it does not flush before)."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        print(f"rpc-server: {line.rstrip()}", flush=True)
+
+
+def _greet(proc: subprocess.Popen[str], endpoint: str, timeout: float = 30.0) -> Any:
+    """The worker's own answer (memory it offers) once it listens; None if it exited first."""
+    from .errors import RPCWorkerUnreachableError
+    from .runtime import rpc
+
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None:
+        try:
+            return rpc.probe(endpoint, connect_timeout=1.0)
+        except RPCWorkerUnreachableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    return None
 
 
 def cmd_embed(args: argparse.Namespace) -> int:

@@ -59,8 +59,12 @@ class Address:
 
 
 def clean_env() -> dict[str, str]:
-    """Our environment minus every ``LLAMA_ARG_*`` twin of a flag (and LLAMA_API_KEY): they change a server silently."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_") and k != "LLAMA_API_KEY"}
+    """Our environment minus every ``LLAMA_ARG_*`` twin of a flag (and LLAMA_API_KEY): they change a server silently.
+    ``GGML_NO_BACKTRACE`` is set: an aborting server (e.g. an RPC worker went away) would otherwise attach gdb, when
+    installed, for seconds before it exits, and the client's typed error would wait for it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_") and k != "LLAMA_API_KEY"}
+    env.setdefault("GGML_NO_BACKTRACE", "1")
+    return env
 
 
 def log_tail(path: Path | None, lines: int = LOG_TAIL_LINES) -> str:

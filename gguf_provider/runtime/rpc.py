@@ -43,11 +43,16 @@ class WorkerInfo:
     def free_bytes(self) -> int:
         return sum(self.free)
 
-    def describe(self) -> str:
+    def offer(self) -> str:
+        """The memory it offers, in words."""
         if not self.free:
-            return f"{self.endpoint} (RPC v{self.version or '?'}, memory not reported)"
-        return (f"{self.endpoint} ({len(self.free)} device{'s' * (len(self.free) > 1)}, "
-                f"{self.free_bytes / 2**20:,.0f} MiB free of {sum(self.total) / 2**20:,.0f} MiB)")
+            return "memory not reported"
+        n = len(self.free)
+        return (f"{self.free_bytes / 2**20:,.0f} MiB free of {sum(self.total) / 2**20:,.0f} MiB on {n} "
+                f"device{'s' * (n > 1)}")
+
+    def describe(self) -> str:
+        return f"{self.endpoint} (RPC v{self.version or '?'}, {self.offer()})"
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
