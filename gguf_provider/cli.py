@@ -59,6 +59,7 @@ def cmd_server_install(args: argparse.Namespace) -> int:
 
 def cmd_server_info(args: argparse.Namespace) -> int:
     from .runtime import discovery, install
+    from .runtime.rpc import NAMES as rpc_names
 
     found = discovery.locate()
     if found is None:
@@ -68,7 +69,7 @@ def cmd_server_info(args: argparse.Namespace) -> int:
     caps = discovery.probe(path)
     ours = next((i for i in install.installations() if i.server.resolve() == path.resolve()), None)
     tools = sorted(p.name for p in path.parent.iterdir()
-                   if p.name.removesuffix(".exe") in ("rpc-server", "llama-gguf-split", "llama-quantize"))
+                   if p.name.removesuffix(".exe") in (*rpc_names, "llama-gguf-split", "llama-quantize"))
     info: dict[str, Any] = {
         "path": str(path), "found_by": how, "version": caps.version,
         "origin": ours.describe() if ours else "not installed by gguf-provider",

@@ -37,7 +37,8 @@ SDIST_TREE = "vendor/llama.cpp"
 SOURCE_PIN = f"{SDIST_NAME}-{SDIST_VERSION}"
 
 SERVER_TARGET = "llama-server"
-TOOL_TARGETS = ("rpc-server", "llama-gguf-split", "llama-quantize")  # rpc-server: GGML_RPC=ON
+RPC_TARGET = "ggml-rpc-server"  # llama.cpp's RPC worker (GGML_RPC=ON); older trees and archives call it rpc-server
+TOOL_TARGETS = (RPC_TARGET, "llama-gguf-split", "llama-quantize")
 BACKENDS = ("auto", "cpu", "cuda", "vulkan", "metal")
 METHODS = ("auto", "prebuilt", "source")
 MARKER = "installed.json"
@@ -199,7 +200,7 @@ def install(
         if not force:
             done = installed(backend) if method == "auto" else installed(backend, "prebuilt", tag)
             if done is not None and done.origin == "source" and missing_tools(done):
-                # An older build without rpc-server: the same build dir gets it incrementally.
+                # An older build without the RPC worker: the same build dir gets it incrementally.
                 (notify or say)(f"adding {', '.join(missing_tools(done))} to {done.bin_dir} (an incremental "
                                 "build in the existing build dir)")
                 return build(backend, force=False, cmake_args=None, progress=progress, jobs=jobs)

@@ -39,7 +39,7 @@ REPO = "ggml-org/llama.cpp"
 PINNED_TAG = "b11312"
 PINNED_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 DEFAULT_API = "https://api.github.com"
-TOOLS = ("rpc-server", "llama-gguf-split", "llama-quantize")
+TOOLS = ("ggml-rpc-server", "rpc-server", "llama-gguf-split", "llama-quantize")
 
 TIMEOUT = httpx.Timeout(60.0, connect=4.0)  # a black-holed network costs 4 s, a DNS failure milliseconds
 MAX_UNPACKED = 8 << 30  # refuse archives that would unpack to more than this

@@ -165,17 +165,21 @@ def reachable(endpoint: str, timeout: float = 2.0) -> bool:
 # --- the worker process ----------------------------------------------------------------------------------------
 
 
+NAMES = ("ggml-rpc-server", "rpc-server")  # llama.cpp renamed rpc-server; releases carry either
+
+
 def find_rpc_server(llama_server: Path | None = None) -> Path | None:
-    """``rpc-server`` beside ``llama-server`` (our install keeps both), else our newest install's, else PATH."""
-    name = install.exe("rpc-server")
-    candidates = [llama_server.parent / name] if llama_server else []
+    """The RPC worker binary beside ``llama-server`` (our install keeps both), else our newest install's, else on
+    PATH; under either of its names."""
+    dirs = [llama_server.parent] if llama_server else []
     inst = install.any_installed()
     if inst is not None:
-        candidates.append(inst.bin_dir / name)
-    for cand in candidates:
-        if cand.is_file():
-            return cand
-    found = shutil.which(name)
+        dirs.append(inst.bin_dir)
+    for d in dirs:
+        for name in NAMES:
+            if (d / install.exe(name)).is_file():
+                return d / install.exe(name)
+    found = next((w for w in map(shutil.which, map(install.exe, NAMES)) if w), None)
     return Path(found) if found else None
 
 

@@ -515,13 +515,13 @@ def test_a_source_install_without_rpc_server_gets_it_incrementally(home: Path,
     target = _fake_install(install.install_dir("cpu"), {"backend": "cpu", "version": "x"})
     for tool in ("llama-gguf-split", "llama-quantize"):
         _script(target / tool, "exit 0\n")
-    assert install.missing_tools(install.installed("cpu")) == ["rpc-server"]  # type: ignore[arg-type]
+    assert install.missing_tools(install.installed("cpu")) == ["ggml-rpc-server"]  # type: ignore[arg-type]
     monkeypatch.setattr(install, "install_prebuilt", lambda *a, **k: pytest.fail("not for an existing install"))
     lines: list[str] = []
     calls: list[dict[str, Any]] = []
     install.install("cpu", notify=lines.append, build_source=_recorder(calls, home))
     assert [(c["force"], c["cmake_args"]) for c in calls] == [(False, None)]
-    assert lines == [f"adding rpc-server to {target} (an incremental build in the existing build dir)"]
+    assert lines == [f"adding ggml-rpc-server to {target} (an incremental build in the existing build dir)"]
     assert "-DGGML_RPC=ON" in install.configure_args(Path("/src"), Path("/build"), "cpu")
 
 
