@@ -155,7 +155,7 @@ def test_install_from_the_mirror_in_seconds_without_a_compiler_then_serve(
     assert marker["digest"] == "sha256:" + hashlib.sha256(good_archive).hexdigest()
     assert marker["commit"] == prebuilt.PINNED_COMMIT
     assert Path(marker["smoke"]["model"]).name == smollm2_path.name and marker["smoke"]["start_s"] > 0
-    assert marker["tools"] == ["llama-gguf-split", "llama-quantize"]  # our build has no rpc-server
+    assert marker["tools"] == ["ggml-rpc-server", "llama-gguf-split", "llama-quantize"]  # as upstream's archives
     assert (target / "libgomp.so.1").is_file() and os.readlink(target / "libgomp.so") == "libgomp.so.1"
     assert not (home / "build").exists() and not (home / "src").exists() and not list(home.glob("logs/build-*"))
     assert not list(paths.bin_dir().glob(".staging-*"))
@@ -169,7 +169,7 @@ def test_install_from_the_mirror_in_seconds_without_a_compiler_then_serve(
                                      cwd=ROOT, timeout=60, check=True).stdout)
     assert info["path"] == str(target / "llama-server") and info["origin"].startswith(f"prebuilt llama.cpp {TAG}")
     assert info["found_by"] == "installed by gguf-provider server install" and info["install"]["asset"] == ASSET
-    assert info["flags"]["--jinja"] and info["tools"] == ["llama-gguf-split", "llama-quantize"]
+    assert info["flags"]["--jinja"] and info["tools"] == ["ggml-rpc-server", "llama-gguf-split", "llama-quantize"]
 
     from gguf_provider import ChatGGUF
     from gguf_provider.runtime import manager as mgr

@@ -150,7 +150,7 @@ def build_archive(bin_dir: Path, tag: str, *, server: bytes | None = None, extra
             info.size, info.mode = len(data), mode
             tar.addfile(info, io.BytesIO(data))
 
-        for name in ("llama-server", "llama-gguf-split", "llama-quantize"):
+        for name in ("llama-server", "ggml-rpc-server", "llama-gguf-split", "llama-quantize"):
             path = bin_dir / name
             if name == "llama-server" and server is not None:
                 add_bytes(name, server)
