@@ -606,20 +606,26 @@ def bench_speculative(model: Path) -> dict[str, Any]:
 
 def auto_context(model: Path, cache_type: str, limit: str) -> int:
     """The context the fit gives ``model`` with KV cache ``cache_type`` under a memory limit of ``limit``."""
-    from gguf_provider.runtime import budget
+    import tempfile
 
-    old = os.environ.get(budget.LIMIT_ENV)
-    os.environ[budget.LIMIT_ENV] = limit
+    from gguf_provider.runtime import budget, discovery
+
+    # A private home: the limit is shared by every server of a home, and other work may hold servers in ours.
+    env = {budget.LIMIT_ENV: limit, "GGUF_PROVIDER_LLAMA_SERVER": str(discovery.find_llama_server()),
+           "GGUF_PROVIDER_HOME": tempfile.mkdtemp(prefix="bench-p9-")}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     engine = Engine(EngineConfig(model_path=str(model), kv_cache_type=cache_type, speculative=False, keep_alive=0,
                                  shared=False))
     try:
         return int(engine.load().n_ctx)
     finally:
         engine.unload()
-        if old is None:
-            os.environ.pop(budget.LIMIT_ENV, None)
-        else:
-            os.environ[budget.LIMIT_ENV] = old
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 P9_F16_CONTEXT = 4096
@@ -953,6 +959,7 @@ def main() -> None:
         log("P2 replayed: " + ", ".join(f"{n} {v:.1f} µs/tok" for n, v in res["p2_replay"]["us_per_token"].items()))
     if ONLY & {"p1", "p3", "p4", "p5"}:
         shared_server_benches(small, res)
+        results_path.write_text(json.dumps(res, indent=1, default=str))  # kept if a later part fails
     if "p3" in ONLY:
         res["p3"]["cold"] = bench_cold(small)
     if "p7" in ONLY or "p8" in ONLY:
