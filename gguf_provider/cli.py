@@ -204,6 +204,7 @@ RPC_WARNING = ("the RPC protocol has no authentication and no encryption: anyone
 
 def cmd_rpc_worker(args: argparse.Namespace) -> int:
     from .runtime import discovery, rpc
+    from .runtime.process import stop_child
 
     if not rpc.is_loopback(args.host) and not args.unauthenticated_ok:
         print(f"gguf-provider: error: --host {args.host} is not loopback and "
@@ -243,12 +244,7 @@ def cmd_rpc_worker(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_child(proc)
 
 
 def _echo(proc: subprocess.Popen[str]) -> None:

@@ -481,7 +481,7 @@ def _free_port() -> int:
 
 def smoke_start(server: Path, model: Path, log_path: Path, timeout: float = SMOKE_START_TIMEOUT) -> float:
     """Start ``server`` on ``model`` (context 256, loopback) until ``/health`` answers 200; seconds it took."""
-    from .process import clean_env
+    from .process import clean_env, stop_child
 
     port = _free_port()
     argv = [str(server), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", "256"]
@@ -509,13 +509,7 @@ def smoke_start(server: Path, model: Path, log_path: Path, timeout: float = SMOK
             raise PrebuiltInstallError(f"{server.name} did not become healthy on {model.name} within {timeout:.0f} s",
                                        "smoke")
         finally:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(10)
+            stop_child(proc)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -204,6 +205,17 @@ def process_matches(pid: int, create_time: float, marker: str | None = None) -> 
 
 def create_time(pid: int) -> float:
     return float(psutil.Process(pid).create_time())
+
+
+def stop_child(proc: subprocess.Popen[Any], grace: float = 10.0) -> None:
+    """Stop a child this process started and still holds (SIGTERM, then SIGKILL after ``grace`` s), and reap it."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(grace)
 
 
 def stop_process(pid: int, ctime: float, marker: str, *, grace: float = 5.0) -> bool:
