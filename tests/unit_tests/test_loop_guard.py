@@ -6,6 +6,7 @@ cases for shapes the small models did not produce."""
 from __future__ import annotations
 
 import json
+import random
 import re
 import time
 from pathlib import Path
@@ -79,10 +80,11 @@ def test_recorded_loops_are_caught_soon(path: Path) -> None:
     assert fed <= len(text)
     kept = text[:loop.keep]  # type: ignore[attr-defined]
     assert len(kept) < fed and kept, "the reply ends after the first repetition"
+    assert not (kept[-1:].isdigit() and text[len(kept):][:1].isdigit()), "never inside a number"
     # Caught within a few hundred tokens (~4 characters each) past the span the rule needs.
     assert isinstance(loop, Loop)
     needed = max(MIN_SPAN, MIN_REPEATS * loop.period) if loop.period >= SHORT_UNIT else SHORT_SPAN
-    needed = max(needed, NUMBERED_SPAN, NUMBERED_REPEATS * loop.period) if loop.unit[:1].isdigit() else needed
+    needed = max(needed, NUMBERED_SPAN, NUMBERED_REPEATS * loop.period) if loop.numbered else needed
     assert fed - (loop.keep - loop.period) <= needed + 400, (fed, loop)
 
 
@@ -115,6 +117,33 @@ def test_keep_ends_after_the_first_unit() -> None:
     assert kept.count("happy") == 1 and kept.startswith("Once upon a time")
     assert loop.period == len(unit)  # type: ignore[attr-defined]
     assert str(loop.period) in loop.describe()  # type: ignore[attr-defined]
+
+
+NUMBERED_LOOP = "".join(f"{i}. Fact {i}: the {w} is different.\n" for i, w in enumerate(["sun", "sea", "sky", "hill"], 1))
+NUMBERED_LOOP += "".join(f"{i}. The moon is a terrestrial planet that is the only one other than Mercury.\n"
+                         for i in range(5, 60))
+
+
+_RNG = random.Random(0)
+_WORDS = ["sun", "sea", "sky", "hill", "tide", "rock", "dust", "orbit", "crater", "light", "night", "cold"]
+VARIED = "".join(f"Note {i}: {' '.join(_RNG.choices(_WORDS, k=5))}.\n" for i in range(700))  # ~20k characters
+
+
+@pytest.mark.parametrize("prefix", ["", VARIED], ids=["alone", "after-20k-characters"])
+@pytest.mark.parametrize("piece", ["tokens", "characters"])
+def test_a_numbered_loop_across_9_to_10_keeps_its_first_line(prefix: str, piece: str) -> None:
+    """SmolLM2's loop on CI began at "5." and crossed "9." → "10."; the reply keeps lines 1-5, whole, and a number
+    split over two pieces ("1" + "0.") is one number."""
+    text = prefix + NUMBERED_LOOP
+    det = LoopDetector()
+    loop = None
+    for p in (TOKEN.findall(text) if piece == "tokens" else text):
+        loop = det.feed(p)
+        if loop is not None:
+            break
+    assert loop is not None and loop.numbered
+    assert text[:loop.keep] == prefix + NUMBERED_LOOP.split("6.")[0]
+    assert loop.unit.startswith("5. The moon") and loop.unit.endswith("Mercury.\n")
 
 
 def test_collector_truncates_at_keep() -> None:
