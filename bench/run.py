@@ -8,8 +8,8 @@ straddles its goal. Writes ``bench/results.json``, ``docs/benchmarks.md`` and ``
 
 Environment: ``BENCH_ROUNDS`` (first rounds, default 9), ``BENCH_MAX_ROUNDS`` (cap, default 25), ``BENCH_TOKENS``
 (default 256), ``BENCH_PORT`` (default 18731), ``BENCH_THREADS`` (llama-server threads, default 1), ``BENCH_ONLY``
-(comma list of p1,p3,p4,p5,p6,p7,p9 to run a subset; the report then holds only those), ``BENCH_OUT`` (a directory for
-the report instead of docs/ and bench/, e.g. for a second run to compare).
+(comma list of p1,p3,p4,p5,p6,p7,p8,p9 to run a subset, p2 runs with p1; the report then holds only those),
+``BENCH_OUT`` (a directory for the report instead of docs/ and bench/, e.g. for a second run to compare).
 """
 
 from __future__ import annotations
