@@ -105,6 +105,7 @@ def replay_cpu(only: set[str] | None = None) -> dict[str, float]:
     try:
         return {name: cpu_per_token(c, loop) for name, c in clients(only=only).items()}
     finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())  # streams a framework left open: closed, not destroyed
         loop.close()
 
 

@@ -199,10 +199,11 @@ def install(
             return build(backend, force=force, cmake_args=cmake_args, progress=progress, jobs=jobs)
         if not force:
             done = installed(backend) if method == "auto" else installed(backend, "prebuilt", tag)
-            if done is not None and done.origin == "source" and missing_tools(done):
-                # An older build without the RPC worker: the same build dir gets it incrementally.
-                (notify or say)(f"adding {', '.join(missing_tools(done))} to {done.bin_dir} (an incremental "
-                                "build in the existing build dir)")
+            why = outdated(done) if done is not None and done.origin == "source" else None
+            if why is not None:
+                # An older build (no RPC worker, or other configure flags): rebuilt in the same build dir, where
+                # only what changed is compiled.
+                (notify or say)(f"{why} (an incremental build in the existing build dir)")
                 return build(backend, force=False, cmake_args=None, progress=progress, jobs=jobs)
             if done is not None:
                 return done
@@ -258,7 +259,7 @@ def build_from_source(
     backend = resolve_backend(backend)
     if not force and not cmake_args:
         done = _read(install_dir(backend))
-        if done is not None and not missing_tools(done):
+        if done is not None and outdated(done) is None:
             return done
     src = fetch_source()
     build = paths.build_dir() / f"{SOURCE_PIN}-{backend}"
@@ -286,9 +287,34 @@ def build_from_source(
     return Installation(backend=backend, bin_dir=target, version=version, marker=marker, fresh=True)
 
 
+def outdated(inst: Installation) -> str | None:
+    """Why a source build must be built again with today's :func:`configure_args` (None when it need not): a tool
+    it lacks (an install from before the RPC worker), or a configure flag its marker does not record."""
+    missing = missing_tools(inst)
+    if missing:
+        return f"adding {', '.join(missing)} to {inst.bin_dir}"
+    recorded = inst.marker.get("cmake_args")
+    if not isinstance(recorded, list):  # a marker from before flags were recorded: nothing to compare
+        return None
+    wanted = [a for a in configure_args(Path(), Path(), inst.backend) if a.startswith("-D")]
+    new = [a for a in wanted if a not in recorded]
+    return f"rebuilding {inst.bin_dir} with {' '.join(new)}" if new else None
+
+
 def missing_tools(inst: Installation) -> list[str]:
     """The tools a source build makes that ``inst`` lacks (an install from before rpc-server was built)."""
     return [t for t in TOOL_TARGETS if not (inst.bin_dir / exe(t)).is_file()]
+
+
+# ggml's AMX matrix kernels (built by GGML_NATIVE on Sapphire Rapids and later Xeons) segfault in
+# ggml_backend_amx_mul_mat at the first compute of every model in the pinned tree (seen on these machines with
+# SmolLM2 and Qwen; llama.cpp issue 20824, open upstream). The AVX-512 kernels serve those CPUs instead. GCC and
+# Clang let an explicit -mno-* win over -march=native whatever their order.
+NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def _x86_gcc_like() -> bool:
+    return os.name != "nt" and platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
 
 
 def configure_args(src: Path, build: Path, backend: str) -> list[str]:
@@ -298,6 +324,8 @@ def configure_args(src: Path, build: Path, backend: str) -> list[str]:
         "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
         "-DGGML_NATIVE=ON", "-DGGML_RPC=ON",
     ]
+    if _x86_gcc_like():
+        args += [f"-DCMAKE_C_FLAGS={NO_AMX_FLAGS}", f"-DCMAKE_CXX_FLAGS={NO_AMX_FLAGS}"]
     if shutil.which("ninja"):
         args[1:1] = ["-G", "Ninja"]
     if backend == "cuda":

@@ -525,6 +525,42 @@ def test_a_source_install_without_rpc_server_gets_it_incrementally(home: Path,
     assert "-DGGML_RPC=ON" in install.configure_args(Path("/src"), Path("/build"), "cpu")
 
 
+def test_the_source_build_leaves_out_ggml_amx_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ggml's AMX kernels segfault at the first compute on Sapphire Rapids Xeons (seen on these machines; llama.cpp
+    issue 20824): an x86 source build turns them off over -march=native, in C and C++ alike."""
+    monkeypatch.setattr(install.platform, "machine", lambda: "x86_64")
+    args = install.configure_args(Path("/src"), Path("/build"), "cpu")
+    assert "-DGGML_NATIVE=ON" in args
+    for lang in ("C", "CXX"):
+        assert f"-DCMAKE_{lang}_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" in args
+    monkeypatch.setattr(install.platform, "machine", lambda: "aarch64")  # no AMX, and no such gcc flag
+    assert not any("amx" in a for a in install.configure_args(Path("/src"), Path("/build"), "cpu"))
+
+
+def test_a_source_install_built_with_amx_is_rebuilt_without_it(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An install whose marker lacks a configure flag of today's build (the AMX-off flags) is built again in its
+    build dir on the next `server install`; one that has them all is reused, and a marker that records no flags is
+    not second-guessed."""
+    monkeypatch.setattr(install.platform, "machine", lambda: "x86_64")
+    today = install.configure_args(Path("/src"), Path("/build"), "cpu")[1:]
+    old = [a for a in today if "amx" not in a]
+    target = _fake_install(install.install_dir("cpu"), {"backend": "cpu", "version": "x", "cmake_args": old})
+    for tool in install.TOOL_TARGETS:
+        _script(target / tool, "exit 0\n")
+    inst = install.installed("cpu")
+    assert inst is not None and install.outdated(inst) == (
+        f"rebuilding {target} with -DCMAKE_C_FLAGS={install.NO_AMX_FLAGS} -DCMAKE_CXX_FLAGS={install.NO_AMX_FLAGS}")
+    monkeypatch.setattr(install, "install_prebuilt", lambda *a, **k: pytest.fail("not for an existing install"))
+    lines: list[str] = []
+    calls: list[dict[str, Any]] = []
+    install.install("cpu", notify=lines.append, build_source=_recorder(calls, home))
+    assert [(c["force"], c["cmake_args"]) for c in calls] == [(False, None)]
+    assert lines == [f"{install.outdated(inst)} (an incremental build in the existing build dir)"]
+    for marker in ({"backend": "cpu", "version": "x", "cmake_args": today}, {"backend": "cpu", "version": "x"}):
+        _fake_install(target, marker)
+        assert install.outdated(install.installed("cpu")) is None  # type: ignore[arg-type]
+
+
 def test_prebuilt_reuses_only_its_own_tag(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_install(install.install_dir("cpu"), {"backend": "cpu", "version": "x"})  # a source build is not it
     tried: list[str] = []
