@@ -281,6 +281,7 @@ def build_from_source(
             raise BuildError(f"the build finished but {exe(name)} was not produced; see the log: {log_path}", log_path)
         shutil.copy2(found, target / exe(name))
     version = smoke_test(target / exe(SERVER_TARGET), log_path)
+    smoke_start(target / exe(SERVER_TARGET), paths.logs_dir() / f"smoke-{SOURCE_PIN}-{backend}.log")
     marker = {"origin": "source", "backend": backend, "source": SOURCE_PIN, "sha256": SDIST_SHA256,
               "version": version, "built_at": time.time(), "cmake_args": args[1:], "tools": list(TOOL_TARGETS)}
     (target / MARKER).write_text(json.dumps(marker, indent=2))
@@ -403,6 +404,21 @@ def smoke_test(server: Path, log_path: Path) -> str:
         raise BuildError(f"{server} --version failed with exit code {out.returncode}: {text[-300:]}", log_path)
     m = re.search(r"version:\s*(.+)", text)
     return f"{m.group(1).strip() if m else text.splitlines()[0] if text else '?'} [{SOURCE_PIN}]"
+
+
+def smoke_start(server: Path, log_path: Path, model: Path | None = None) -> float | None:
+    """Start the new build on the smallest model at hand (as the prebuilt check does): ``--version`` runs no kernel,
+    and a build whose compute kernels crash on this CPU must fail here, not at a user's first request. Seconds it
+    took, or None when no model is at hand (a fresh machine installs the server before any model)."""
+    model = model or prebuilt.smallest_model()
+    if model is None:
+        return None
+    try:
+        return prebuilt.smoke_start(server, model, log_path)
+    except PrebuiltInstallError as exc:
+        raise BuildError(f"the build finished but {exc} (log: {log_path}). Report it with the log; `gguf-provider "
+                         f"server install --force --cmake-arg=-DGGML_NATIVE=OFF` builds generic kernels", log_path
+                         ) from None
 
 
 def fetch_source() -> Path:

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gguf_provider.errors import BinaryNotFoundError, PrebuiltInstallError
+from gguf_provider.errors import BinaryNotFoundError, BuildError, PrebuiltInstallError
 from gguf_provider.runtime import discovery, install, paths, prebuilt
 from gguf_provider.runtime.prebuilt import Asset, Host, Release
 
@@ -559,6 +559,21 @@ def test_a_source_install_built_with_amx_is_rebuilt_without_it(home: Path, monke
     for marker in ({"backend": "cpu", "version": "x", "cmake_args": today}, {"backend": "cpu", "version": "x"}):
         _fake_install(target, marker)
         assert install.outdated(install.installed("cpu")) is None  # type: ignore[arg-type]
+
+
+def test_a_source_build_whose_kernels_crash_fails_its_start_check(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build that runs --version but dies at the first compute (ggml's AMX kernels did, on Sapphire Rapids) is a
+    BuildError naming the signal and a way out, before it gets a marker; with no model at hand there is no check."""
+    server = _script(tmp_path / "llama-server", "echo 'load_tensors: AMX model buffer size = 52 MiB'; kill -SEGV $$\n")
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    with pytest.raises(BuildError) as err:
+        install.smoke_start(server, tmp_path / "start.log", model)
+    assert "SIGSEGV" in str(err.value) and "m.gguf" in str(err.value) and "GGML_NATIVE=OFF" in str(err.value)
+    assert err.value.log_path == tmp_path / "start.log"
+    monkeypatch.setattr(prebuilt, "smallest_model", lambda: None)
+    assert install.smoke_start(server, tmp_path / "start.log") is None
 
 
 def test_prebuilt_reuses_only_its_own_tag(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
