@@ -792,7 +792,9 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
         f"- CPU calibration: {m['calibration_ms']:.1f} ms for the fixed workload in `bench/machine.py` "
         f"(reference machine {machine.REFERENCE_CALIBRATION_MS:.0f} ms: this one is {res['speed_factor']:.2f}× "
         f"as slow per operation).",
-        f"- Pinning: {pinned}.",
+        f"- Pinning: {pinned}; " + (f"client cores {res['awake']['cores']} kept awake by a SCHED_IDLE busy loop "
+                                     "(P1–P5)." if res.get("awake", {}).get("used") else
+                                     f"client cores not kept awake ({res.get('awake', {}).get('why', 'not tried')})."),
         "- Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
         f"- llama-server: {res.get('server', {}).get('build_info', '?')}, `-c {N_CTX} -np {N_PARALLEL} --kv-unified"
         f" {' '.join(SERVER_ARGS)}`, TCP on 127.0.0.1 with an API key (so every client can reach it).",
@@ -929,7 +931,8 @@ def shared_server_benches(small: Path, res: dict[str, Any]) -> None:
     assert url and api_key
     res["server"] = {"url": url, "build_info": info.props.get("build_info"), "n_ctx": info.n_ctx}
     res["pinning"] = machine.pin(info.pid)
-    log(f"pinning: {res['pinning']}")
+    spinners, res["awake"] = machine.keep_awake(res["pinning"].get("client_cores", []))
+    log(f"pinning: {res['pinning']}; client cores kept awake: {res['awake']}")
     try:
         if "p1" in ONLY:
             res["p1"] = bench_stream(url, api_key, ServerLog(info.log_path))
@@ -940,6 +943,7 @@ def shared_server_benches(small: Path, res: dict[str, Any]) -> None:
         if "p3" in ONLY:
             res["p3"] = {"attach": bench_attach(small, url, api_key, GOALS["p3_attach"])}
     finally:
+        machine.stop_awake(spinners)
         machine.unpin(info.pid)
         engine.unload()
 
