@@ -99,7 +99,9 @@ def keep_awake(cores: list[int]) -> tuple[list[subprocess.Popen[bytes]], dict[st
     differed from the next (same client, same request) by up to 4x, and ours ÷ floor per round spread 0.4–2.8;
     with the core kept awake the spread was 0.95–1.08. A halted virtual CPU gives its core back to the host, and
     what ran there meanwhile decides what the next token's wake-up costs. The loop's own CPU is another process's,
-    and a client or child on the core preempts it at once, so it slows nothing that is measured."""
+    and a client or child on the core preempts it at once. It does cost the server on the other core speed (about
+    30% on that VM: two busy vCPUs share a physical core or a clock budget), the same for every variant of a round,
+    so the ratios hold and the absolute tok/s under it are lower."""
     if not hasattr(os, "SCHED_IDLE") or not cores:
         return [], {"used": False, "why": "needs Linux (SCHED_IDLE)" if cores else "no client cores"}
     procs = []
