@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import platform
+import struct
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -88,31 +92,91 @@ def unpin(server_pid: int | None) -> None:
                 pass
 
 
-# A busy loop at SCHED_IDLE: the lowest priority there is, so any other task on its core preempts it at once.
-_SPIN = "import os\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\nwhile True:\n    pass\n"
+# A busy loop at SCHED_IDLE: the lowest priority there is, so any other task on its core preempts it at once. It
+# counts its laps in a shared 8-byte file, so the bench can read how fast the core ran while a stream was measured.
+_SPIN = ("import mmap, os, struct, sys\n"
+         "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+         "m = mmap.mmap(os.open(sys.argv[1], os.O_RDWR), 8)\n"
+         "n = 0\n"
+         "while True:\n"
+         "    for _ in range(1000):\n"
+         "        pass\n"
+         "    n += 1\n"
+         "    struct.pack_into('q', m, 0, n)\n")
 
 
-def keep_awake(cores: list[int]) -> tuple[list[subprocess.Popen[bytes]], dict[str, Any]]:
+def _runtime_s(pid: int) -> float:
+    """CPU time of a process in seconds: /proc's scheduler nanoseconds where there are some, else psutil's ticks."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        import psutil
+
+        t = psutil.Process(pid).cpu_times()
+        return float(t.user + t.system)
+
+
+@dataclass
+class Awake:
+    """The busy loops on the client cores and their lap counters."""
+
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    counters: list[mmap.mmap] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def reading(self) -> tuple[int, float] | None:
+        """Laps and CPU seconds of every loop so far, or None without loops."""
+        if not self.procs:
+            return None
+        laps = sum(struct.unpack_from("q", m, 0)[0] for m in self.counters)
+        return laps, sum(_runtime_s(p.pid) for p in self.procs)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+        for m in self.counters:
+            m.close()
+        for path in self.paths:
+            os.unlink(path)
+
+
+def core_speed(before: tuple[int, float] | None, after: tuple[int, float] | None, wall: float) -> float | None:
+    """The loop's laps per CPU second between two readings: how fast the client cores ran meanwhile. None when the
+    loop ran for less than a tenth of the wall time (other work had the core) or there is no loop."""
+    if before is None or after is None:
+        return None
+    laps, cpu = after[0] - before[0], after[1] - before[1]
+    if cpu < 0.1 * wall or laps <= 0:
+        return None
+    return laps / cpu
+
+
+def keep_awake(cores: list[int]) -> Awake:
     """One SCHED_IDLE busy loop per client core, so those cores never halt between tokens.
 
     Measured on a 2-core VM: with the client's core idle between tokens, the client CPU per token of one stream
-    differed from the next (same client, same request) by up to 4x, and ours ÷ floor per round spread 0.4–2.8;
-    with the core kept awake the spread was 0.95–1.08. A halted virtual CPU gives its core back to the host, and
-    what ran there meanwhile decides what the next token's wake-up costs. The loop's own CPU is another process's,
-    and a client or child on the core preempts it at once. It does cost the server on the other core speed (about
-    30% on that VM: two busy vCPUs share a physical core or a clock budget), the same for every variant of a round,
-    so the ratios hold and the absolute tok/s under it are lower."""
+    differed from the next (same client, same request) by up to 4x, and ours ÷ floor per round spread 0.4–2.8.
+    A halted virtual CPU gives its core back to the host, and what ran there meanwhile decides what the next
+    token's wake-up costs. The loop's own CPU is another process's, and a client or child on the core preempts it
+    at once. It does cost the server on the other core speed (about 30% on that VM: two busy vCPUs share a
+    physical core or a clock budget), the same for every variant of a round, so the ratios hold and the absolute
+    tok/s under it are lower.
+
+    The loop also measures the core: its laps per CPU second while a stream ran (:func:`core_speed`). On a VM that
+    speed moves by 10–15% from one stream to the next (what the host runs beside the vCPU), and a client's CPU per
+    token moves with it (correlation 0.9 over 12 streams each of three clients, bench/NOTES.md)."""
     if not hasattr(os, "SCHED_IDLE") or not cores:
-        return [], {"used": False, "why": "needs Linux (SCHED_IDLE)" if cores else "no client cores"}
-    procs = []
+        return Awake(info={"used": False, "why": "needs Linux (SCHED_IDLE)" if cores else "no client cores"})
+    awake = Awake(info={"used": True, "cores": cores})
     for core in cores:
-        proc = subprocess.Popen([sys.executable, "-c", _SPIN], stdin=subprocess.DEVNULL)
+        fd, path = tempfile.mkstemp(prefix=f"bench-awake-{core}-")
+        os.write(fd, b"\0" * 8)
+        awake.counters.append(mmap.mmap(fd, 8))
+        os.close(fd)
+        proc = subprocess.Popen([sys.executable, "-c", _SPIN, path], stdin=subprocess.DEVNULL)
         os.sched_setaffinity(proc.pid, {core})
-        procs.append(proc)
-    return procs, {"used": True, "cores": cores}
-
-
-def stop_awake(procs: list[subprocess.Popen[bytes]]) -> None:
-    for proc in procs:
-        proc.kill()
-        proc.wait()
+        awake.procs.append(proc)
+        awake.paths.append(path)
+    return awake

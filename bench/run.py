@@ -6,7 +6,8 @@ lands on all of them alike. The server and the clients are pinned to separate co
 verdict is yes / no / within noise, from the band of its median (``bench/stats.py``); rounds are added while a band
 straddles its goal. Writes ``bench/results.json``, ``docs/benchmarks.md`` and ``docs/benchmarks.png``.
 
-Environment: ``BENCH_ROUNDS`` (first rounds, default 9), ``BENCH_MAX_ROUNDS`` (cap, default 25), ``BENCH_TOKENS``
+Environment: ``BENCH_ROUNDS`` (first rounds, default 9), ``BENCH_MAX_ROUNDS`` (cap, default 25),
+``BENCH_PAIR_MAX_ROUNDS`` (cap of P1/P2's rounds of the pairs still within noise, default 61), ``BENCH_TOKENS``
 (default 256), ``BENCH_PORT`` (default 18731), ``BENCH_THREADS`` (llama-server threads, default 1), ``BENCH_ONLY``
 (comma list of p1,p3,p4,p5,p6,p7,p8,p9 to run a subset, p2 runs with p1; the report then holds only those),
 ``BENCH_OUT`` (a directory for the report instead of docs/ and bench/, e.g. for a second run to compare).
@@ -41,6 +42,9 @@ from scripts.test_models import ensure  # noqa: E402
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "9"))
 MAX_ROUNDS = max(ROUNDS, int(os.environ.get("BENCH_MAX_ROUNDS", "25")))
+# P1/P2 rounds after the first ROUNDS measure only the pairs still within noise (a third of a full round or less), so
+# they may go further.
+PAIR_MAX_ROUNDS = max(ROUNDS, int(os.environ.get("BENCH_PAIR_MAX_ROUNDS", "61")))
 MORE = 4  # rounds added at a time while a verdict straddles its goal
 PORT = int(os.environ.get("BENCH_PORT", "18731"))
 # One generation thread on its own core; the clients get the other core(s).
@@ -119,12 +123,17 @@ class ServerLog:
             time.sleep(0.005)
 
 
-def measure(client: Client, loop: asyncio.AbstractEventLoop, server_log: ServerLog | None = None) -> dict[str, float]:
-    if server_log is None:
-        return _measure(client, loop)
-    server_log.mark()
-    out = _measure(client, loop)
-    out["server"] = server_log.seconds_since_mark()
+def measure(client: Client, loop: asyncio.AbstractEventLoop, server_log: ServerLog | None = None,
+            awake: machine.Awake | None = None) -> dict[str, Any]:
+    """One stream; with ``server_log``, the server's own time for it; with ``awake``, the client cores' speed."""
+    if server_log is not None:
+        server_log.mark()
+    before = awake.reading() if awake is not None else None
+    out: dict[str, Any] = _measure(client, loop)
+    if awake is not None:
+        out["core_speed"] = machine.core_speed(before, awake.reading(), out["wall"])
+    if server_log is not None:
+        out["server"] = server_log.seconds_since_mark()
     return out
 
 
@@ -158,46 +167,72 @@ def floor_pairs(clients: dict[str, Client]) -> dict[str, str]:
             if c.framework and (c.framework, c.is_async) in floors}
 
 
-def stream_metrics(runs: dict[str, list[dict[str, float]]], pairs: dict[str, str]) -> dict[str, Any]:
+Stream = dict[str, Any]
+
+
+def paired(a: list[Stream | None], b: list[Stream | None]) -> list[tuple[Stream, Stream]]:
+    """The rounds that measured both (a round after the first ones measures only the pairs still within noise)."""
+    return [(x, y) for x, y in zip(a, b, strict=True) if x is not None and y is not None]
+
+
+def stream_metrics(all_runs: dict[str, list[Stream | None]], pairs: dict[str, str]) -> dict[str, Any]:
     """Per-round paired values → summaries with bands and verdicts."""
-    raw = runs["raw httpx"]
+    runs = {n: [x for x in rs if x is not None] for n, rs in all_runs.items()}
+    raw = all_runs["raw httpx"]
     out: dict[str, Any] = {"throughput_ratio": {}, "cpu_us_per_token": {}, "tok_s": {}, "floor_ratio": {},
-                           "raw_ratio": {}, "throughput_floor_ratio": {}}
+                           "raw_ratio": {}, "throughput_floor_ratio": {}, "floor_cpu_ratio": {}}
+    # P2 with the core's speed taken out: CPU seconds × the awake loop's laps per CPU second during the same stream
+    # (work in laps), for each pair of streams that both have a reading; CPU seconds alone for a pair that has not
+    # (under load, the loop may not run during a stream). Either way the ratio is of like with like.
+    sped_pairs = [0, 0]
+
+    def ratio(x: Stream, f: Stream) -> float:
+        sped_pairs[1] += 1
+        if x.get("core_speed") and f.get("core_speed"):
+            sped_pairs[0] += 1
+            return float(x["cpu"] * x["core_speed"]) / float(f["cpu"] * f["core_speed"])
+        return float(x["cpu"]) / float(f["cpu"])
     for name, rs in runs.items():
         out["tok_s"][name] = summary([N_TOKENS / x["wall"] for x in rs])
         out["cpu_us_per_token"][name] = summary([x["cpu"] / N_TOKENS * 1e6 for x in rs])
         if name != "raw httpx":  # paired by round: raw wall ÷ client wall of the same round
-            out["throughput_ratio"][name] = summary([r["wall"] / x["wall"] for r, x in zip(raw, rs, strict=True)])
+            out["throughput_ratio"][name] = summary([r["wall"] / x["wall"] for r, x in paired(raw, all_runs[name])])
     timed = all("server" in x for rs in runs.values() for x in rs)
     if timed:  # each stream's wall set against the server's own time for it: the share of the wall that is the server's
         out["server_share"] = {n: summary([x["server"] / x["wall"] for x in rs]) for n, rs in runs.items()}
     out["throughput_floor_wall_ratio"] = {}
     for name, floor in pairs.items():
-        wall = [f["wall"] / x["wall"] for x, f in zip(runs[name], runs[floor], strict=True)]
+        both = paired(all_runs[name], all_runs[floor])
+        wall = [f["wall"] / x["wall"] for x, f in both]
         if timed:
             out["throughput_floor_wall_ratio"][name] = summary(wall)
             out["throughput_floor_ratio"][name] = summary(
-                [(x["server"] / x["wall"]) / (f["server"] / f["wall"])
-                 for x, f in zip(runs[name], runs[floor], strict=True)], GOALS["p1"])
+                [(x["server"] / x["wall"]) / (f["server"] / f["wall"]) for x, f in both], GOALS["p1"])
         else:
             out["throughput_floor_ratio"][name] = summary(wall, GOALS["p1"])
-        out["floor_ratio"][name] = summary([x["cpu"] / f["cpu"] for x, f in zip(runs[name], runs[floor],
-                                                                              strict=True)], GOALS["p2_floor"])
-        base = runs["raw httpx async" if name.endswith("async") else "raw httpx"]
-        out["raw_ratio"][name] = summary([x["cpu"] / r["cpu"] for x, r in zip(runs[name], base, strict=True)])
+        out["floor_ratio"][name] = summary([ratio(x, f) for x, f in both], GOALS["p2_floor"])
+        out["floor_cpu_ratio"][name] = summary([x["cpu"] / f["cpu"] for x, f in both])
+    # What share of P2's floor pairs had the core's speed taken out (the report says so).
+    out["core_speed_pairs"] = list(sped_pairs)
+    out["core_speed_taken_out"] = sped_pairs[0] > 0
+    for name in pairs:
+        base = all_runs["raw httpx async" if name.endswith("async") else "raw httpx"]
+        out["raw_ratio"][name] = summary([ratio(x, r) for x, r in paired(all_runs[name], base)])
     return out
 
 
-def stream_undecided(m: dict[str, Any]) -> list[str]:
+def stream_undecided(m: dict[str, Any]) -> list[tuple[str, str]]:
+    """(metric, client) of every P1/P2 verdict still within noise."""
     out = []
     for key, goal in (("throughput_floor_ratio", GOALS["p1"]), ("floor_ratio", GOALS["p2_floor"])):
         for name, s in m[key].items():
             if "verdict" in s and undecided(s["values"], goal):
-                out.append(f"{key}:{name}")
+                out.append((key, name))
     return out
 
 
-def bench_stream(url: str, api_key: str, server_log: ServerLog | None = None) -> dict[str, Any]:
+def bench_stream(url: str, api_key: str, server_log: ServerLog | None = None,
+                 awake: machine.Awake | None = None) -> dict[str, Any]:
     clients = make(url, api_key)
     pairs = floor_pairs(clients)
     names = list(clients)
@@ -206,30 +241,36 @@ def bench_stream(url: str, api_key: str, server_log: ServerLog | None = None) ->
         for name in names:  # warm-up: imports, connections, the server's prompt cache
             measure(clients[name], loop)
         log(f"P1 warm-up: {measure(clients['raw httpx'], loop)['wall']:.1f} s per request")
-        runs: dict[str, list[dict[str, float]]] = {n: [] for n in names}
-        r = 0
+        runs: dict[str, list[Stream | None]] = {n: [] for n in names}
+        todo, r = set(names), 0
         while True:
-            order = names[r % len(names):] + names[:r % len(names)]  # rotate to spread drift
-            for name in order:
-                runs[name].append(measure(clients[name], loop, server_log))
+            # Rotated so drift spreads over the clients, and reversed every other round so each provider client
+            # runs before its floor as often as after it (a pair adjacent in the list would otherwise keep one order).
+            order = [n for n in names[r % len(names):] + names[:r % len(names)] if n in todo]
+            if r % 2:
+                order.reverse()
+            got = {n: measure(clients[n], loop, server_log, awake) for n in order}
+            for name in names:
+                runs[name].append(got.get(name))
             r += 1
-            log(f"P1/P2 round {r}: " + ", ".join(
-                f"{n} {runs[n][-1]['cpu'] / N_TOKENS * 1e6:.0f} µs/tok" for n in names))
+            log(f"P1/P2 round {r}: " + ", ".join(f"{n} {x['cpu'] / N_TOKENS * 1e6:.0f} µs/tok" for n, x in got.items()))
             if r < ROUNDS:
                 continue
             metrics = stream_metrics(runs, pairs)
             open_ = stream_undecided(metrics)
-            if not open_ or r >= MAX_ROUNDS:
+            if not open_ or r >= PAIR_MAX_ROUNDS:
                 break
+            todo = {n for _, name in open_ for n in (name, pairs[name])}  # only the pairs still within noise
             if (r - ROUNDS) % MORE == 0:
-                log(f"P1/P2: within noise after {r} rounds ({', '.join(open_)}): adding rounds")
+                log(f"P1/P2: within noise after {r} rounds ({', '.join(f'{k}:{n}' for k, n in open_)}): "
+                    f"adding rounds of {sorted(todo)}")
         loop.run_until_complete(loop.shutdown_asyncgens())
     finally:
         loop.close()
     metrics["raw"] = runs
     metrics["rounds"] = r
     metrics["pairs"] = pairs
-    metrics["chunks"] = {n: [x["chunks"] for x in runs[n]] for n in names}
+    metrics["chunks"] = {n: [x["chunks"] for x in runs[n] if x is not None] for n in names}
     return metrics
 
 
@@ -707,10 +748,14 @@ def rows(res: dict[str, Any]) -> list[Row]:
             add("P1 the server's own time ÷ the stream's wall time", name, s)
         for name, s in p["throughput_ratio"].items():
             add("P1 stream throughput ÷ raw httpx", name, {k: v for k, v in s.items() if k != "verdict"})
+        sped = ", core speed taken out" if p.get("core_speed_taken_out") else ""
         for name, s in p["floor_ratio"].items():
-            add("P2 live client CPU per token ÷ the framework's floor", f"{name} ÷ {p['pairs'][name]}", s)
+            add("P2 live client CPU per token ÷ the framework's floor" + sped, f"{name} ÷ {p['pairs'][name]}", s)
+        for name, s in p.get("floor_cpu_ratio", {}).items():
+            add("P2 live client CPU per token ÷ the framework's floor, CPU time only", f"{name} ÷ {p['pairs'][name]}",
+                s)
         for name, s in p["raw_ratio"].items():
-            add("P2 live client CPU per token ÷ raw httpx", name, s, 2)
+            add("P2 live client CPU per token ÷ raw httpx" + sped, name, s, 2)
         for name, s in p["cpu_us_per_token"].items():
             add("P2 live client CPU per token", name, s, 1, " µs")
     if "p2_replay" in res:
@@ -763,9 +808,21 @@ def rows(res: dict[str, Any]) -> list[Row]:
     return out
 
 
+# How a verdict's figure was taken (qualifiers a newer bench adds to the same metric): left out of the key, so
+# reports of two bench versions still compare.
+_QUALIFIERS = (", server time taken out", ", core speed taken out")
+
+
 def verdicts(res: dict[str, Any]) -> dict[str, str]:
     """Every verdict of a report by metric and client: what two runs must agree on."""
-    return {f"{r[0]} | {r[1]}": r[6] for r in rows(res) if r[6] != "-"}
+    out = {}
+    for r in rows(res):
+        if r[6] != "-":
+            metric = r[0]
+            for q in _QUALIFIERS:
+                metric = metric.replace(q, "")
+            out[f"{metric} | {r[1]}"] = r[6]
+    return out
 
 
 def write_markdown(res: dict[str, Any], path: Path) -> None:
@@ -785,7 +842,9 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
         "measured back to back). *Band* is the ~95% confidence interval of that median (order statistics, "
         "`bench/stats.py`). The verdict is **yes** when the whole band meets the goal, **no** when none of it "
         "does, and **within noise** when the band straddles the goal; rounds are added (up to "
-        f"{res.get('max_rounds', MAX_ROUNDS)}) while it straddles. Goals are ratios, so a slower machine is not failed for being slow.",
+        f"{res.get('max_rounds', MAX_ROUNDS)}; P1/P2: after the first {res['rounds']}, rounds of only the pairs "
+        f"still within noise, up to {res.get('pair_max_rounds', res.get('max_rounds', MAX_ROUNDS))}) while it "
+        "straddles. Goals are ratios, so a slower machine is not failed for being slow.",
         "",
         f"- Machine: {m['cpu']}, {m['cores']} cores, {m['platform']}; load average before the run "
         f"{', '.join(f'{x:.2f}' for x in m['load_before'])}, after {', '.join(f'{x:.2f}' for x in m.get('load_after', []))}.",
@@ -793,13 +852,14 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
         f"(reference machine {machine.REFERENCE_CALIBRATION_MS:.0f} ms: this one is {res['speed_factor']:.2f}× "
         f"as slow per operation).",
         f"- Pinning: {pinned}; " + (f"client cores {res['awake']['cores']} kept awake by a SCHED_IDLE busy loop "
-                                     "(P1–P5)." if res.get("awake", {}).get("used") else
+                                     "(P1–P5), whose laps measure the cores' speed during each stream (P2)." if res.get("awake", {}).get("used") else
                                      f"client cores not kept awake ({res.get('awake', {}).get('why', 'not tried')})."),
         "- Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
         f"- llama-server: {res.get('server', {}).get('build_info', '?')}, `-c {N_CTX} -np {N_PARALLEL} --kv-unified"
         f" {' '.join(SERVER_ARGS)}`, TCP on 127.0.0.1 with an API key (so every client can reach it).",
         f"- Model (P1–P5): {res['model']}; P6: {res.get('p6', {}).get('model', '-')}.",
-        f"- Rounds: P1/P2 {res.get('p1', {}).get('rounds', '-')}; total run time {res['elapsed_s']:.0f} s.",
+        f"- Rounds: P1/P2 {res.get('p1', {}).get('rounds', '-')} (every client in the first {res['rounds']}){sped_text(res)}; "
+        f"total run time {res['elapsed_s']:.0f} s.",
         "",
         "| Metric | Client | Median | Band | Min–max | Goal | Verdict |",
         "|---|---|---|---|---|---|---|",
@@ -843,6 +903,13 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
     if notes.exists():
         lines += [notes.read_text().rstrip(), ""]
     path.write_text("\n".join(lines))
+
+
+def sped_text(res: dict[str, Any]) -> str:
+    n = res.get("p1", {}).get("core_speed_pairs")
+    if not n:
+        return ""
+    return f"; P2's core speed taken out in {n[0]} of its {n[1]} ours ÷ floor pairs of streams (the rest: CPU time)"
 
 
 def ceiling_text(p: dict[str, Any]) -> str:
@@ -931,11 +998,12 @@ def shared_server_benches(small: Path, res: dict[str, Any]) -> None:
     assert url and api_key
     res["server"] = {"url": url, "build_info": info.props.get("build_info"), "n_ctx": info.n_ctx}
     res["pinning"] = machine.pin(info.pid)
-    spinners, res["awake"] = machine.keep_awake(res["pinning"].get("client_cores", []))
+    awake = machine.keep_awake(res["pinning"].get("client_cores", []))
+    res["awake"] = awake.info
     log(f"pinning: {res['pinning']}; client cores kept awake: {res['awake']}")
     try:
         if "p1" in ONLY:
-            res["p1"] = bench_stream(url, api_key, ServerLog(info.log_path))
+            res["p1"] = bench_stream(url, api_key, ServerLog(info.log_path), awake)
         if "p4" in ONLY:
             res["p4"] = bench_multiturn(url, api_key)
         if "p5" in ONLY:
@@ -943,7 +1011,7 @@ def shared_server_benches(small: Path, res: dict[str, Any]) -> None:
         if "p3" in ONLY:
             res["p3"] = {"attach": bench_attach(small, url, api_key, GOALS["p3_attach"])}
     finally:
-        machine.stop_awake(spinners)
+        awake.stop()
         machine.unpin(info.pid)
         engine.unload()
 
@@ -999,7 +1067,8 @@ def main() -> None:
     desc = machine.describe()
     speed = desc["calibration_ms"] / machine.REFERENCE_CALIBRATION_MS
     res: dict[str, Any] = {"machine": desc, "speed_factor": speed, "versions": versions(), "model": small.name,
-                           "rounds": ROUNDS, "max_rounds": MAX_ROUNDS, "tokens": N_TOKENS}
+                           "rounds": ROUNDS, "max_rounds": MAX_ROUNDS, "pair_max_rounds": PAIR_MAX_ROUNDS,
+                           "tokens": N_TOKENS}
     log(f"calibration {desc['calibration_ms']:.1f} ms ({speed:.2f}× the reference), load {desc['load_before']}")
     if "p6" in ONLY:
         res["p6"] = bench_header(large)
