@@ -854,6 +854,9 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
         f"- Pinning: {pinned}; " + (f"client cores {res['awake']['cores']} kept awake by a SCHED_IDLE busy loop "
                                      "(P1–P5), whose laps measure the cores' speed during each stream (P2)." if res.get("awake", {}).get("used") else
                                      f"client cores not kept awake ({res.get('awake', {}).get('why', 'not tried')})."),
+        "- Priority: " + (f"the bench and every process it starts at nice {res['priority']['nice']}, ahead of other "
+                          "work (the awake loop stays below everything)." if res.get("priority", {}).get("raised")
+                          else f"not raised ({res.get('priority', {}).get('why', 'not tried')})."),
         "- Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
         f"- llama-server: {res.get('server', {}).get('build_info', '?')}, `-c {N_CTX} -np {N_PARALLEL} --kv-unified"
         f" {' '.join(SERVER_ARGS)}`, TCP on 127.0.0.1 with an API key (so every client can reach it).",
@@ -1064,11 +1067,12 @@ def main() -> None:
     started = time.perf_counter()
     small, large = ensure("smollm2"), ensure("qwen")
     private_home()
+    priority = machine.raise_priority()  # before any server starts: they inherit it
     desc = machine.describe()
     speed = desc["calibration_ms"] / machine.REFERENCE_CALIBRATION_MS
     res: dict[str, Any] = {"machine": desc, "speed_factor": speed, "versions": versions(), "model": small.name,
                            "rounds": ROUNDS, "max_rounds": MAX_ROUNDS, "pair_max_rounds": PAIR_MAX_ROUNDS,
-                           "tokens": N_TOKENS}
+                           "tokens": N_TOKENS, "priority": priority}
     log(f"calibration {desc['calibration_ms']:.1f} ms ({speed:.2f}× the reference), load {desc['load_before']}")
     if "p6" in ONLY:
         res["p6"] = bench_header(large)
