@@ -605,13 +605,16 @@ def bench_speculative(model: Path) -> dict[str, Any]:
     """The same requests on two servers of one model: the default speculation ("auto") and none. Prompt cached
     (each request is sent once before it is timed); the greedy text must be the same on both."""
     edit = EDIT_TASK.format(source=EDIT_SOURCE.read_text())
+    # One thread each, on the server core, as in P1-P5: with two threads on a 2-core machine, other work on either
+    # core stalls llama.cpp's threads at their barriers (a test suite alongside took the decode to 0.4 tok/s).
     engines = {mode: Engine(EngineConfig(model_path=str(model), n_ctx=N_CTX, n_parallel=1, keep_alive=0,
-                                         speculative=mode, shared=False))
+                                         speculative=mode, shared=False, server_args=SERVER_ARGS))
                for mode in ("auto", False)}
-    out: dict[str, Any] = {"model": model.name, "edit_tokens": EDIT_TOKENS, "chat_tokens": CHAT_TOKENS}
+    out: dict[str, Any] = {"model": model.name, "edit_tokens": EDIT_TOKENS, "chat_tokens": CHAT_TOKENS,
+                           "server_args": " ".join(SERVER_ARGS)}
     try:
         for e in engines.values():
-            e.load()
+            out["pinning"] = machine.pin(e.load().pid)
         texts: dict[tuple[str, Any], str] = {}
         cold: dict[Any, dict[str, Any]] = {}
         for mode, e in engines.items():  # warm-up: the edit prompt is cached from here on
@@ -888,7 +891,8 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
         p = res["p7"]
         drafted = sum(d.get("draft_n") or 0 for d in p["drafts"])
         accepted = sum(d.get("draft_n_accepted") or 0 for d in p["drafts"])
-        lines += ["", f"P7/P8 ({p['model']}, two servers of it, `speculative=\"auto\"` and `False`, "
+        lines += ["", f"P7/P8 ({p['model']}, two servers of it, `speculative=\"auto\"` and `False`"
+                  f"{', `' + p['server_args'] + '`, on the server core' if p.get('server_args') else ''}, "
                   f"{p['rounds']} rounds, decode tok/s from the server's timings, prompt cached): code edit "
                   f"{p['edit_tok_s']['auto']['median']:.1f} vs {p['edit_tok_s']['False']['median']:.1f} tok/s, "
                   f"chat {p['chat_tok_s']['auto']['median']:.1f} vs {p['chat_tok_s']['False']['median']:.1f} "
