@@ -84,11 +84,10 @@ PRIORITY = -10  # nice value of the bench and everything it starts; the default 
 def raise_priority() -> dict[str, Any]:
     """Put the bench (and the servers and child processes it starts, which inherit it) ahead of other work.
 
-    Pinning keeps the server and the clients off each other's cores, not off other work's: with a test suite
-    running alongside, the server shared its core with it and P7's speed-up (verifying drafts is batch work, the
-    part that loses most when the core is shared) dropped from 2.4x to 1.9x. At nice -10 the scheduler gives the
-    bench about nine tenths of a contended core, so a loaded machine's verdicts match an idle one's; what other work
-    still costs it (caches, memory bandwidth) is left in. The awake loop stays at SCHED_IDLE, below everything."""
+    Pinning keeps the server and the clients off each other's cores, not off other work's. At nice -10 the
+    scheduler gives the bench about nine tenths of a contended core, so a loaded run measures our code with about the
+    CPU share an idle one has; what other work still costs it (caches, memory bandwidth, waits for a slice) is left
+    in, and can move a verdict (P8 did: bench/NOTES.md). The awake loop stays at SCHED_IDLE, below everything."""
     if not hasattr(os, "setpriority"):
         return {"raised": False, "why": "the OS has no setpriority"}
     try:

@@ -754,7 +754,7 @@ def rows(res: dict[str, Any]) -> list[Row]:
         sped = ", core speed taken out" if p.get("core_speed_taken_out") else ""
         for name, s in p["floor_ratio"].items():
             add("P2 live client CPU per token ÷ the framework's floor" + sped, f"{name} ÷ {p['pairs'][name]}", s)
-        for name, s in p.get("floor_cpu_ratio", {}).items():
+        for name, s in (p.get("floor_cpu_ratio", {}) if sped else {}).items():  # else the same as the row above
             add("P2 live client CPU per token ÷ the framework's floor, CPU time only", f"{name} ÷ {p['pairs'][name]}",
                 s)
         for name, s in p["raw_ratio"].items():
