@@ -208,16 +208,17 @@ def test_loop_guard_off_per_call_and_per_model() -> None:
     assert off.content == full and off.response_metadata["finish_reason"] == "length"
 
 
-def test_a_structured_reply_that_loops_is_asked_once_more_with_a_repeat_penalty() -> None:
-    """The replay answers the same loop twice: the second request carries the penalty, then the loop stands."""
+def test_a_structured_reply_that_loops_is_asked_once_more_with_a_repeat_penalty_and_dry() -> None:
+    """The replay answers the same loop twice: the second request carries the penalties, then the loop stands."""
     from gguf_provider.errors import LoopWarning
 
     replay = load_replay("smollm2_loop")
     llm = ChatGGUF(base_url=BASE_URL, transport=replay.transport)
-    with pytest.warns(LoopWarning, match="repeat_penalty=1.15"):
+    with pytest.warns(LoopWarning, match="repeat_penalty=1.15, dry_multiplier=0.8"):
         reply = llm.invoke("x", response_format={"type": "json_object"})
     bodies = replay.bodies("/v1/chat/completions")
-    assert len(bodies) == 2 and "repeat_penalty" not in bodies[0] and bodies[1]["repeat_penalty"] == 1.15
+    assert len(bodies) == 2 and "repeat_penalty" not in bodies[0] and "dry_multiplier" not in bodies[0]
+    assert bodies[1]["repeat_penalty"] == 1.15 and bodies[1]["dry_multiplier"] == 0.8
     assert bodies[0]["max_tokens"] == 1024  # JSON mode's bounded default
     assert reply.response_metadata["finish_reason"] == "repetition"
     replay.sent.clear()
