@@ -574,7 +574,12 @@ CHAT_TASK = "Explain in a few paragraphs how {topic} works and why it matters."
 CHAT_TOPICS = ("a lighthouse", "a refrigerator", "a bicycle gearbox", "a sourdough starter", "a hydroelectric dam",
                "a mechanical watch", "a beehive", "a sailboat tacking upwind", "a vaccine", "a compass",
                "a heat pump", "a suspension bridge", "a library catalogue", "a steam locomotive", "a camera lens",
-               "a tide", "a thermostat", "a piano", "a windmill", "a coral reef", "a postal system")
+               "a tide", "a thermostat", "a piano", "a windmill", "a coral reef", "a postal system", "a volcano",
+               "a submarine's ballast tanks", "a fountain pen", "a weather forecast", "an elevator", "a loom",
+               "a printing press", "a canal lock", "an immune response", "a barometer", "a solar panel")
+# One topic per round, never a repeat (a repeated topic met drafts from the pool of its first reply, most of them
+# rejected: 0.82x in each of the four rounds after the 21st in a loaded run with 21 topics).
+P78_MAX_ROUNDS = min(MAX_ROUNDS, len(CHAT_TOPICS))
 EDIT_TOKENS, CHAT_TOKENS = 400, 200
 
 
@@ -651,7 +656,7 @@ def bench_speculative(model: Path) -> dict[str, Any]:
         rounds = max(3, ROUNDS // 2)  # a round is ~60 s here
         r = 0
         while r < rounds or ((undecided(ratio(edit_speed), GOALS["p7"]) or undecided(ratio(chat_speed), GOALS["p8"]))
-                             and r < MAX_ROUNDS):
+                             and r < P78_MAX_ROUNDS):
             step(r)
             r += 1
         out.update({"rounds": r, "edit_ratio": summary(ratio(edit_speed), GOALS["p7"]),
