@@ -89,36 +89,37 @@ def test_langchain_structured_script() -> None:
     _assert_no_server_left(out, env)
 
 
-def _llama_servers() -> set[int]:
+def _script_servers(env: dict[str, str]) -> set[int]:
+    """The llama-servers started under the script's private home (they inherit its environment); other work on the
+    machine (a benchmark alongside) may start and stop llama-servers of its own meanwhile."""
     pids = set()
     for p in psutil.process_iter():
         try:
-            if p.name().startswith("llama-server") and p.status() != psutil.STATUS_ZOMBIE:
+            if p.name().startswith("llama-server") and p.status() != psutil.STATUS_ZOMBIE \
+                    and p.environ().get("GGUF_PROVIDER_HOME") == env["GGUF_PROVIDER_HOME"]:
                 pids.add(p.pid)
         except psutil.Error:
             pass
     return pids
 
 
-def _assert_no_new_server(before: set[int]) -> None:
+def _assert_no_script_server(env: dict[str, str]) -> None:
     deadline = time.monotonic() + 10
-    while _llama_servers() - before:
-        assert time.monotonic() < deadline, f"llama-servers left behind: {_llama_servers() - before}"
+    while _script_servers(env):
+        assert time.monotonic() < deadline, f"llama-servers left behind: {_script_servers(env)}"
         time.sleep(0.1)
 
 
 def test_llamaindex_agent_script() -> None:
-    before = _llama_servers()
     out, env = _run("llamaindex_agent.py")
     assert "[call] fruit_price({'fruit': 'cherries'})" in out, out
     assert "-> cherries: 4.00 EUR per kg" in out and "final answer:" in out, out
-    _assert_no_new_server(before)
+    _assert_no_script_server(env)
 
 
 def test_llamaindex_query_engine_script() -> None:
     """The default run on three pages of docs/ (all of docs/ takes minutes to embed on 2 cores): index them with
     GGUFEmbedding, stream the answer of GGUF, list the sources."""
-    before = _llama_servers()
     pages = [a for name in ("index.md", "runtime.md", "security.md") for a in ("--docs", str(ROOT / "docs" / name))]
     out, env = _run("llamaindex_query_engine.py", "--max-tokens", "48", *pages)
     assert re.search(r"indexing \d+ documents with all-MiniLM-L6-v2", out), out
@@ -128,4 +129,4 @@ def test_llamaindex_query_engine_script() -> None:
     sources = re.findall(r"\[\d\.\d+\] (\S+\.md):", out)
     # The page that answers it ranks first.
     assert sources and sources[0] == "runtime.md", out
-    _assert_no_new_server(before)
+    _assert_no_script_server(env)
