@@ -87,7 +87,7 @@ def raise_priority() -> dict[str, Any]:
     Pinning keeps the server and the clients off each other's cores, not off other work's. At nice -10 the
     scheduler gives the bench about nine tenths of a contended core, so a loaded run measures our code with about the
     CPU share an idle one has; what other work still costs it (caches, memory bandwidth, waits for a slice) is left
-    in, and can move a verdict (P8 did: bench/NOTES.md). The awake loop stays at SCHED_IDLE, below everything."""
+    in, and widens the bands of figures near their goals (bench/NOTES.md). The awake loop stays at SCHED_IDLE, below everything."""
     if not hasattr(os, "setpriority"):
         return {"raised": False, "why": "the OS has no setpriority"}
     try:

@@ -198,7 +198,7 @@ def stream(engine: Engine, request: ChatRequest) -> Iterator[Event]:
     for ev in engine.stream(request.payload(), loop_guard=request.loop_guard):
         yield from proc.feed(ev)
     if proc.looped:
-        retry = _with_repeat_penalty(request, proc.looped)
+        retry = _for_loop_retry(request, proc.looped)
         yield from stream(engine, retry)
     elif proc.repeated_only:
         # Asked once more without tools; the reply is judged by the same tools (it may repeat the call again).
@@ -217,7 +217,7 @@ async def astream(engine: Engine, request: ChatRequest) -> AsyncGenerator[Event,
             for out in proc.feed(ev):
                 yield out
     if proc.looped:
-        async with aclosing(astream(engine, _with_repeat_penalty(request, proc.looped))) as retried:
+        async with aclosing(astream(engine, _for_loop_retry(request, proc.looped))) as retried:
             async for ev in retried:
                 yield ev
     elif proc.repeated_only:
@@ -264,13 +264,15 @@ def _tool_results_answer(request: ChatRequest) -> list[Event]:
 LOOP_RETRY_PARAMS: dict[str, float] = {"repeat_penalty": 1.15, "dry_multiplier": 0.8}
 
 
-def _with_repeat_penalty(request: ChatRequest, why: str) -> ChatRequest:
+def _for_loop_retry(request: ChatRequest, why: str) -> ChatRequest:
     """A structured reply that became a loop, or rambled past its default ``max_tokens``, is useless half JSON: it
-    is asked once more with ``LOOP_RETRY_PARAMS`` (once: the retry has a repeat_penalty, so it is not retried)."""
+    is asked once more with ``LOOP_RETRY_PARAMS`` where the caller set none of them (once: the retry has a
+    repeat_penalty, so it is not retried)."""
     what = "became a loop" if why == "repetition" else "ran out of its default max_tokens before its JSON closed"
-    settings = ", ".join(f"{k}={v}" for k, v in LOOP_RETRY_PARAMS.items())
+    added = {k: v for k, v in LOOP_RETRY_PARAMS.items() if request.params.get(k) is None}
+    settings = ", ".join(f"{k}={v}" for k, v in added.items())
     warnings.warn(f"the structured reply {what}; asking once more with {settings}", LoopWarning, stacklevel=3)
-    return replace(request, params={**request.params, **LOOP_RETRY_PARAMS})
+    return replace(request, params={**request.params, **added})
 
 
 def complete(engine: Engine, request: ChatRequest) -> Completion:

@@ -225,3 +225,8 @@ def test_a_structured_reply_that_loops_is_asked_once_more_with_a_repeat_penalty_
     with pytest.warns(LoopWarning):
         llm.invoke("x", response_format={"type": "json_object"}, repeat_penalty=1.0)  # the caller's choice stands
     assert len(replay.bodies("/v1/chat/completions")) == 1
+    replay.sent.clear()
+    with pytest.warns(LoopWarning, match=r"asking once more with repeat_penalty=1.15$"):
+        ChatGGUF(base_url=BASE_URL, transport=replay.transport, model_kwargs={"dry_multiplier": 0.3}).invoke(
+            "x", response_format={"type": "json_object"})
+    assert [b["dry_multiplier"] for b in replay.bodies("/v1/chat/completions")] == [0.3, 0.3]  # the caller's DRY stands
