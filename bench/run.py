@@ -7,7 +7,8 @@ verdict is yes / no / within noise, from the band of its median (``bench/stats.p
 straddles its goal. Writes ``bench/results.json``, ``docs/benchmarks.md`` and ``docs/benchmarks.png``.
 
 Environment: ``BENCH_ROUNDS`` (first rounds, default 9), ``BENCH_MAX_ROUNDS`` (cap, default 25),
-``BENCH_PAIR_MAX_ROUNDS`` (cap of P1/P2's rounds of the pairs still within noise, default 61), ``BENCH_TOKENS``
+``BENCH_PAIR_MAX_ROUNDS`` and ``BENCH_PAIR_MAX_STREAMS`` (caps of P1/P2's rounds of the pairs still within noise,
+default 161 rounds or 420 streams in those rounds, whichever comes first), ``BENCH_TOKENS``
 (default 256), ``BENCH_PORT`` (default 18731), ``BENCH_THREADS`` (llama-server threads, default 1), ``BENCH_ONLY``
 (comma list of p1,p3,p4,p5,p6,p7,p8,p9 to run a subset, p2 runs with p1; the report then holds only those),
 ``BENCH_OUT`` (a directory for the report instead of docs/ and bench/, e.g. for a second run to compare).
@@ -42,9 +43,11 @@ from scripts.test_models import ensure  # noqa: E402
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "9"))
 MAX_ROUNDS = max(ROUNDS, int(os.environ.get("BENCH_MAX_ROUNDS", "25")))
-# P1/P2 rounds after the first ROUNDS measure only the pairs still within noise (a third of a full round or less), so
-# they may go further.
-PAIR_MAX_ROUNDS = max(ROUNDS, int(os.environ.get("BENCH_PAIR_MAX_ROUNDS", "61")))
+# P1/P2 rounds after the first ROUNDS measure only the pairs still within noise (two streams a pair, against a full
+# round's twelve), so they may go further: up to PAIR_MAX_ROUNDS rounds or PAIR_MAX_STREAMS streams in those rounds,
+# whichever comes first. 420 streams are 52 rounds of all four pairs (the old cap of 61 rounds) or 152 rounds of one.
+PAIR_MAX_ROUNDS = max(ROUNDS, int(os.environ.get("BENCH_PAIR_MAX_ROUNDS", "161")))
+PAIR_MAX_STREAMS = int(os.environ.get("BENCH_PAIR_MAX_STREAMS", "420"))
 MORE = 4  # rounds added at a time while a verdict straddles its goal
 PORT = int(os.environ.get("BENCH_PORT", "18731"))
 # One generation thread on its own core; the clients get the other core(s).
@@ -242,7 +245,7 @@ def bench_stream(url: str, api_key: str, server_log: ServerLog | None = None,
             measure(clients[name], loop)
         log(f"P1 warm-up: {measure(clients['raw httpx'], loop)['wall']:.1f} s per request")
         runs: dict[str, list[Stream | None]] = {n: [] for n in names}
-        todo, r = set(names), 0
+        todo, r, pair_streams = set(names), 0, 0
         while True:
             # Rotated so drift spreads over the clients, and reversed every other round so each provider client
             # runs before its floor as often as after it (a pair adjacent in the list would otherwise keep one order).
@@ -252,15 +255,17 @@ def bench_stream(url: str, api_key: str, server_log: ServerLog | None = None,
             got = {n: measure(clients[n], loop, server_log, awake) for n in order}
             for name in names:
                 runs[name].append(got.get(name))
+            if r >= ROUNDS:
+                pair_streams += len(got)
             r += 1
             log(f"P1/P2 round {r}: " + ", ".join(f"{n} {x['cpu'] / N_TOKENS * 1e6:.0f} µs/tok" for n, x in got.items()))
             if r < ROUNDS:
                 continue
             metrics = stream_metrics(runs, pairs)
             open_ = stream_undecided(metrics)
-            if not open_ or r >= PAIR_MAX_ROUNDS:
-                break
             todo = {n for _, name in open_ for n in (name, pairs[name])}  # only the pairs still within noise
+            if not open_ or r >= PAIR_MAX_ROUNDS or pair_streams + len(todo) > PAIR_MAX_STREAMS:
+                break
             if (r - ROUNDS) % MORE == 0:
                 log(f"P1/P2: within noise after {r} rounds ({', '.join(f'{k}:{n}' for k, n in open_)}): "
                     f"adding rounds of {sorted(todo)}")
@@ -269,6 +274,7 @@ def bench_stream(url: str, api_key: str, server_log: ServerLog | None = None,
         loop.close()
     metrics["raw"] = runs
     metrics["rounds"] = r
+    metrics["pair_streams"] = pair_streams
     metrics["pairs"] = pairs
     metrics["chunks"] = {n: [x["chunks"] for x in runs[n] if x is not None] for n in names}
     return metrics
@@ -864,7 +870,9 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
         "`bench/stats.py`). The verdict is **yes** when the whole band meets the goal, **no** when none of it "
         "does, and **within noise** when the band straddles the goal; rounds are added (up to "
         f"{res.get('max_rounds', MAX_ROUNDS)}; P1/P2: after the first {res['rounds']}, rounds of only the pairs "
-        f"still within noise, up to {res.get('pair_max_rounds', res.get('max_rounds', MAX_ROUNDS))}) while it "
+        f"still within noise, up to {res.get('pair_max_rounds', res.get('max_rounds', MAX_ROUNDS))} rounds"
+        + (f" or {res['pair_max_streams']} streams in those rounds" if res.get("pair_max_streams") else "")
+        + ") while it "
         "straddles. Goals are ratios, so a slower machine is not failed for being slow.",
         "",
         f"- Machine: {m['cpu']}, {m['cores']} cores, {m['platform']}; load average before the run "
@@ -882,7 +890,10 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
         f"- llama-server: {res.get('server', {}).get('build_info', '?')}, `-c {N_CTX} -np {N_PARALLEL} --kv-unified"
         f" {' '.join(SERVER_ARGS)}`, TCP on 127.0.0.1 with an API key (so every client can reach it).",
         f"- Model (P1–P5): {res['model']}; P6: {res.get('p6', {}).get('model', '-')}.",
-        f"- Rounds: P1/P2 {res.get('p1', {}).get('rounds', '-')} (every client in the first {res['rounds']}){sped_text(res)}; "
+        f"- Rounds: P1/P2 {res.get('p1', {}).get('rounds', '-')} (every client in the first {res['rounds']}"
+        + (f"; {res['p1']['pair_streams']} streams in the rounds of pairs after them"
+           if res.get("p1", {}).get("pair_streams") is not None else "")
+        + f"){sped_text(res)}; "
         f"total run time {res['elapsed_s']:.0f} s.",
         "",
         "| Metric | Client | Median | Band | Min–max | Goal | Verdict |",
@@ -1100,6 +1111,7 @@ def main() -> None:
     speed = desc["calibration_ms"] / machine.REFERENCE_CALIBRATION_MS
     res: dict[str, Any] = {"machine": desc, "speed_factor": speed, "versions": versions(), "model": small.name,
                            "rounds": ROUNDS, "max_rounds": MAX_ROUNDS, "pair_max_rounds": PAIR_MAX_ROUNDS,
+                           "pair_max_streams": PAIR_MAX_STREAMS,
                            "tokens": N_TOKENS, "priority": priority}
     log(f"calibration {desc['calibration_ms']:.1f} ms ({speed:.2f}× the reference), load {desc['load_before']}")
     if "p6" in ONLY:
