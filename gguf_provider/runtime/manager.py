@@ -365,6 +365,8 @@ class ServerManager:
         try:
             props = read_props(info.address, healthy=True)
         except (httpx.HTTPError, ValueError) as exc:
+            if not _still_registered(key, entry):
+                return None  # stopped while we asked (its last lease ended; every stop unregisters first): start afresh
             # Our server (pid, start time and alias match) but it does not answer: starting another one here
             # would overwrite its entry and orphan it. Say so instead.
             err = ServerTimeoutError if isinstance(exc, httpx.TimeoutException) else ServerConnectionError
@@ -565,6 +567,14 @@ def _compatible(family: str, n_ctx: int, own_key: str) -> list[str]:
 
 def default_keep_alive() -> float:
     return float(os.environ.get("GGUF_PROVIDER_KEEP_ALIVE", DEFAULT_KEEP_ALIVE))
+
+
+def _still_registered(key: str, entry: registry.Entry) -> bool:
+    """Whether ``key`` still names the server of ``entry`` and that server still runs."""
+    with registry.locked() as data:
+        now = data.get(key)
+    return bool(now is not None and now.get("pid") == entry.get("pid")
+                and now.get("create_time") == entry.get("create_time") and registry.server_alive(now))
 
 
 def _info(key: str, entry: registry.Entry) -> ServerInfo:

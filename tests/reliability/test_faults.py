@@ -107,6 +107,36 @@ def test_hung_server_times_out_never_hangs(rt: RuntimeEnv) -> None:
 
 
 @pytest.mark.timeout(120)
+def test_a_server_stopped_while_another_client_attaches_is_replaced_not_reported(
+        rt: RuntimeEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its last lease ends between the attaching client's registry check and its first request (seen in a loaded
+    `make test`: a module's fixture attached as the previous module's server stopped). The stop is real (the other
+    client's `unload`); only its moment is chosen, by running it inside the attach's first request."""
+    first = Engine(EngineConfig(model_path=str(rt.model), n_ctx=2048))
+    old_pid = first.info.pid
+    real_read_props = mgr.read_props
+    asked: list[int] = []
+
+    def stop_then_read(address: object, **kwargs: object) -> object:
+        if not asked:
+            asked.append(1)
+            first.unload()  # the last lease: unregistered, then stopped
+            wait_until(lambda: not pid_alive(old_pid), 10)
+        return real_read_props(address, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(mgr, "read_props", stop_then_read)
+    lease = mgr.ServerManager().acquire(resolve_spec(first.config))
+    try:
+        assert asked, "the attach never asked the old server"
+        assert lease.info.pid != old_pid and pid_alive(lease.info.pid)
+        assert [p.pid for p in rt.servers()] == [lease.info.pid]
+        assert list(rt.registry()) == [lease.info.key]
+    finally:
+        lease.release()
+    wait_until(lambda: rt.servers() == [], 10)
+
+
+@pytest.mark.timeout(120)
 def test_corrupted_registry_is_recovered_on_next_use(rt: RuntimeEnv) -> None:
     path = registry.registry_path()
     path.parent.mkdir(parents=True, exist_ok=True)
