@@ -30,8 +30,9 @@ def package(filename: str) -> str:
     cProfile only by name)."""
     for mark, name in (("gguf_provider", "gguf_provider"), ("bench/", "bench (floor)"),
                        ("langchain_core", "langchain_core"), ("llama_index", "llama_index"), ("pydantic", "pydantic"),
-                       ("httpx", "httpx"), ("httpcore", "httpcore"), ("json", "json"), ("asyncio", "asyncio"),
-                       ("uuid", "uuid"), ("socket", "socket")):
+                       ("httpx", "httpx"), ("httpcore", "httpcore"), ("/h11/", "h11"), ("json", "json"),
+                       ("asyncio", "asyncio"), ("uuid", "uuid"), ("socket", "socket"), ("contextlib", "contextlib"),
+                       ("copy.py", "copy")):
         if mark in filename:
             return name
     return "builtins/other" if filename == "~" else Path(filename).name
@@ -63,7 +64,7 @@ def main() -> None:
     by_pkg: dict[str, float] = defaultdict(float)
     for (filename, _, _), (_, _, tottime, _, _) in stats.stats.items():  # type: ignore[attr-defined]
         by_pkg[package(filename)] += tottime
-    for pkg, t in sorted(by_pkg.items(), key=lambda x: -x[1])[:12]:
+    for pkg, t in sorted(by_pkg.items(), key=lambda x: -x[1])[:16]:
         print(f"  {pkg:24s} {t / tokens * 1e6:7.1f} µs/token")
     stats.sort_stats("tottime").print_stats(20)
 
