@@ -98,7 +98,6 @@ def rpc_lost(info: mgr.ServerInfo, workers: tuple[str, ...]) -> RPCWorkerLostErr
     connections, or (when all still do) the log's word that a worker broke off; None when neither."""
     from .runtime import rpc
 
-    tail = info.log_tail()
     gone = tuple(w for w in workers if not rpc.reachable(w))
     deadline = time.monotonic() + 2.0
     while not gone and workers and time.monotonic() < deadline:
@@ -106,6 +105,7 @@ def rpc_lost(info: mgr.ServerInfo, workers: tuple[str, ...]) -> RPCWorkerLostErr
         # load of 4 on 2 cores: look again for a moment before settling for "an RPC worker broke off".
         time.sleep(0.2)
         gone = tuple(w for w in workers if not rpc.reachable(w))
+    tail = info.log_tail()  # read after the wait: the log may have said more meanwhile
     if not gone and "RPC server crashed" not in tail:
         return None
     which = f"RPC worker{'s' * (len(gone) > 1)} {', '.join(gone)} went away" if gone else "an RPC worker broke off"

@@ -573,8 +573,7 @@ def _still_registered(key: str, entry: registry.Entry) -> bool:
     """Whether ``key`` still names the server of ``entry`` and that server still runs."""
     with registry.locked() as data:
         now = data.get(key)
-    return bool(now is not None and now.get("pid") == entry.get("pid")
-                and now.get("create_time") == entry.get("create_time") and registry.server_alive(now))
+    return now is not None and registry.same_server(now, entry) and registry.server_alive(now)
 
 
 def _info(key: str, entry: registry.Entry) -> ServerInfo:

@@ -83,6 +83,11 @@ def read() -> dict[str, Entry]:
         return dict(data)
 
 
+def same_server(a: Entry, b: Entry) -> bool:
+    """Whether two entries name one server process (the same pid and start time)."""
+    return bool(a.get("pid") == b.get("pid") and a.get("create_time") == b.get("create_time"))
+
+
 def server_alive(entry: Entry) -> bool:
     return process.process_matches(int(entry["pid"]), float(entry["create_time"]), entry["alias"])
 

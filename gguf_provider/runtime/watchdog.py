@@ -18,10 +18,6 @@ import time
 from . import registry
 
 
-def _same_server(a: registry.Entry, b: registry.Entry) -> bool:
-    return bool(a.get("pid") == b.get("pid") and a.get("create_time") == b.get("create_time"))
-
-
 def main(argv: list[str]) -> int:
     key = argv[0]
     last: registry.Entry | None = json.loads(argv[1]) if len(argv) > 1 else None
@@ -29,7 +25,7 @@ def main(argv: list[str]) -> int:
         try:
             with registry.locked() as data:
                 entry = data.get(key)
-                if entry is not None and last is not None and not _same_server(entry, last):
+                if entry is not None and last is not None and not registry.same_server(entry, last):
                     entry = None  # the key names a newer server now; ours lost its entry
                 if entry is None:
                     if last is None or not registry.server_alive(last):
