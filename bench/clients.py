@@ -1,13 +1,12 @@
 """The streaming clients P1/P2 compare, built the same way against a live server or a replayed stream.
 
 Each client is a zero-argument function returning an iterator (sync) or async iterator (async) of content deltas,
-for the same request: seed, temperature 0, ``ignore_eos``, ``N_TOKENS`` tokens.
+for the same request: seed, temperature 0, ``ignore_eos``, a fixed number of tokens (``tokens``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import socket
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -15,12 +14,13 @@ from typing import Any
 
 import httpx
 
-N_TOKENS = int(os.environ.get("BENCH_TOKENS", "256"))
+from bench.config import TOKENS
+
 SEED = 42
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 
 
-def raw_body(max_tokens: int = N_TOKENS, stream: bool = True) -> dict[str, Any]:
+def raw_body(max_tokens: int = TOKENS, stream: bool = True) -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens, "temperature": 0,
             "seed": SEED, "ignore_eos": True, "stream": stream}
 
@@ -35,8 +35,9 @@ class Client:
 
 
 def make(url: str, api_key: str | None = None, transport: httpx.MockTransport | None = None,
-         only: set[str] | None = None) -> dict[str, Client]:
-    """The clients, over ``url`` or, with ``transport``, over a replayed stream (no server; no bare socket)."""
+         only: set[str] | None = None, tokens: int = TOKENS) -> dict[str, Client]:
+    """The clients, over ``url`` or, with ``transport``, over a replayed stream (no server; no bare socket), each
+    asking for ``tokens`` tokens."""
     from langchain_core.messages import HumanMessage
     from llama_index.core.base.llms.types import ChatMessage
 
@@ -48,11 +49,11 @@ def make(url: str, api_key: str | None = None, transport: httpx.MockTransport | 
     if transport is not None:
         kw["transport"] = transport
     http, ahttp = httpx.Client(**kw), httpx.AsyncClient(**kw)
-    body = raw_body()
+    body = raw_body(tokens)
     extra = {k: v for k, v in body.items() if k not in ("messages", "stream")}
-    # loop_guard off: ignore_eos makes every client generate N_TOKENS, loop or not; the guard would stop early.
+    # loop_guard off: ignore_eos makes every client generate ``tokens``, loop or not; the guard would stop early.
     common: dict[str, Any] = {"base_url": url, "api_key": api_key, "temperature": 0, "seed": SEED,
-                              "max_tokens": N_TOKENS, "loop_guard": False, "transport": transport}
+                              "max_tokens": tokens, "loop_guard": False, "transport": transport}
     gguf = ChatGGUF(**common)
     li = GGUF(**common)
     floor = FloorChat(client=http, aclient=ahttp, body=extra)
@@ -104,7 +105,7 @@ def make(url: str, api_key: str | None = None, transport: httpx.MockTransport | 
         from langchain_openai import ChatOpenAI
 
         openai = ChatOpenAI(base_url=f"{url}/v1", api_key=api_key or "x", model="bench", temperature=0, seed=SEED,
-                            max_tokens=N_TOKENS, extra_body={"ignore_eos": True}, max_retries=0,
+                            max_tokens=tokens, extra_body={"ignore_eos": True}, max_retries=0,
                             http_client=httpx.Client(**kw), http_async_client=httpx.AsyncClient(**kw))
         clients.append(Client("ChatOpenAI", lc(openai)))
     except ImportError:  # the bench extra is not installed: the reference is left out

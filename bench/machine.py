@@ -1,4 +1,5 @@
-"""What a report needs to be compared with another: the machine, its load, a CPU calibration, the core pinning."""
+"""What a report needs to be compared with another: the machine, its load, a CPU calibration, the software's
+versions, the core pinning."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,18 @@ def cpu_name() -> str:
 def describe() -> dict[str, Any]:
     return {"cpu": cpu_name(), "cores": os.cpu_count(), "platform": platform.platform(),
             "load_before": list(os.getloadavg()), "calibration_ms": calibrate()}
+
+
+def versions() -> dict[str, str]:
+    """Python's and the measured packages' versions ("-" for one not installed)."""
+    out = {"python": platform.python_version()}
+    for pkg in ("gguf-provider", "langchain-core", "llama-index-core", "langchain-openai", "httpx", "pydantic",
+                "gguf"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = "-"
+    return out
 
 
 def _tasks(pid: int) -> list[int]:

@@ -16,13 +16,14 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # run as a script: the repository root, for ``bench`` and ``scripts``
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import machine
-from bench.clients import N_TOKENS, make
-from bench.run import N_CTX, N_PARALLEL, PORT, SERVER_ARGS, measure
+from bench.clients import make
+from bench.config import N_CTX, N_PARALLEL, Config
+from bench.measure import measure
 from gguf_provider.engine import Engine, EngineConfig
-from scripts.test_models import ensure
 
 
 def package(filename: str) -> str:
@@ -41,13 +42,16 @@ def package(filename: str) -> str:
 def main() -> None:
     name = sys.argv[1] if len(sys.argv) > 1 else "ChatGGUF"
     requests = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    from scripts.test_models import ensure  # it puts the repository root on sys.path
+
+    cfg = Config.from_env()
     model = ensure("smollm2")
-    engine = Engine(EngineConfig(model_path=str(model), n_ctx=N_CTX, n_parallel=N_PARALLEL, port=PORT, keep_alive=0,
-                                 server_args=SERVER_ARGS, speculative=False))
+    engine = Engine(EngineConfig(model_path=str(model), n_ctx=N_CTX, n_parallel=N_PARALLEL, port=cfg.port,
+                                 keep_alive=0, server_args=cfg.server_args, speculative=False))
     info = engine.load()
     assert info.address.url and info.address.api_key
     print(machine.pin(info.pid))
-    client = make(info.address.url, info.address.api_key, only={name})[name]
+    client = make(info.address.url, info.address.api_key, only={name}, tokens=cfg.tokens)[name]
     loop = asyncio.new_event_loop()
     measure(client, loop)  # warm-up
     profiler = cProfile.Profile(time.process_time)  # CPU time: blocked reads cost nothing
@@ -58,8 +62,8 @@ def main() -> None:
     profiler.disable()
     machine.unpin(info.pid)
     engine.unload()
-    tokens = requests * N_TOKENS
-    print(f"{name}: {cpu / tokens * 1e6:.1f} µs CPU per token over {requests} x {N_TOKENS} tokens")
+    tokens = requests * cfg.tokens
+    print(f"{name}: {cpu / tokens * 1e6:.1f} µs CPU per token over {requests} x {cfg.tokens} tokens")
     stats = pstats.Stats(profiler)
     by_pkg: dict[str, float] = defaultdict(float)
     for (filename, _, _), (_, _, tottime, _, _) in stats.stats.items():  # type: ignore[attr-defined]

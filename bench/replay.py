@@ -15,18 +15,20 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # run as a script: the repository root, for ``bench``
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
 
-from bench.clients import N_TOKENS, SEED, Client, make
+from bench.clients import SEED, Client, make
+from bench.config import TOKENS, Config
 
 URL = "http://127.0.0.1:1"
 PROPS = {"default_generation_settings": {"n_ctx": 8192}, "model_alias": "bench", "model_path": "/m/bench.gguf",
          "chat_template_caps": {}, "total_slots": 4}
 
 
-def recorded_stream(n_tokens: int = N_TOKENS) -> bytes:
+def recorded_stream(n_tokens: int = TOKENS) -> bytes:
     """A stream shaped like llama-server's (one chunk per token, then finish+timings, usage, [DONE])."""
     words = ("Once upon a time, the keeper of the lighthouse climbed the stairs to light the lamp and "
              "watched the sea. ").split(" ")
@@ -72,8 +74,8 @@ def transport(body: bytes) -> httpx.MockTransport:
     return httpx.MockTransport(handler)
 
 
-def clients(n_tokens: int = N_TOKENS, only: set[str] | None = None) -> dict[str, Client]:
-    return make(URL, transport=transport(recorded_stream(n_tokens)), only=only)
+def clients(n_tokens: int = TOKENS, only: set[str] | None = None) -> dict[str, Client]:
+    return make(URL, transport=transport(recorded_stream(n_tokens)), only=only, tokens=n_tokens)
 
 
 def drain(client: Client, loop: asyncio.AbstractEventLoop | None = None) -> int:
@@ -99,21 +101,22 @@ def cpu_per_token(client: Client, loop: asyncio.AbstractEventLoop, requests: int
     return best
 
 
-def replay_cpu(only: set[str] | None = None) -> dict[str, float]:
-    """CPU µs per token of each client on the replayed stream."""
+def replay_cpu(only: set[str] | None = None, n_tokens: int = TOKENS) -> dict[str, float]:
+    """CPU µs per token of each client on a replayed stream of ``n_tokens`` tokens."""
     loop = asyncio.new_event_loop()
     try:
-        return {name: cpu_per_token(c, loop) for name, c in clients(only=only).items()}
+        return {name: cpu_per_token(c, loop) for name, c in clients(n_tokens, only=only).items()}
     finally:
         loop.run_until_complete(loop.shutdown_asyncgens())  # streams a framework left open: closed, not destroyed
         loop.close()
 
 
 def main() -> None:
+    n_tokens = Config.from_env().tokens
     if len(sys.argv) > 2 and sys.argv[1] == "--profile":
         from pyinstrument import Profiler
 
-        client = clients()[sys.argv[2]]
+        client = clients(n_tokens)[sys.argv[2]]
         loop = asyncio.new_event_loop()
         drain(client, loop)
         with Profiler(interval=0.0002) as p:
@@ -121,8 +124,8 @@ def main() -> None:
                 drain(client, loop)
         print(p.output_text(unicode=True, color=False))
         return
-    for name, v in replay_cpu().items():
-        print(f"{name:26s} {v:7.1f} µs CPU per token (replayed {N_TOKENS}-token stream)")
+    for name, v in replay_cpu(n_tokens=n_tokens).items():
+        print(f"{name:26s} {v:7.1f} µs CPU per token (replayed {n_tokens}-token stream)")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,80 @@
+"""The bench's settings: the ones a run reads from its environment (``Config.from_env``, called by ``main``) and
+the fixed ones every scenario shares. Importing this module reads nothing."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.stats import Goal
+
+ROOT = Path(__file__).resolve().parents[1]
+N_CTX, N_PARALLEL = 8192, 4
+BATCH, BATCH_TOKENS = 4, 128  # P5: requests in a batch, tokens in each reply
+MORE = 4  # rounds added at a time while a verdict straddles its goal
+TOKENS = 256  # tokens in each P1/P2 stream, unless BENCH_TOKENS says otherwise
+SCENARIOS = "p1,p3,p4,p5,p6,p7,p8,p9"  # what BENCH_ONLY picks from (p2 runs with p1)
+
+GOALS = {
+    "p1": Goal(">=", 0.99),  # stream throughput ÷ the framework's floor, server time taken out (ServerLog)
+    "p2_floor": Goal("<=", 1.10),  # live client CPU per token ÷ the framework's floor
+    # A fresh process attaching and asking once, ÷ the same with raw httpx. 1.75 = the old goal of 150 ms over the
+    # reference machine's 201 ms raw process, as a ratio: a slower or busier machine slows both processes alike
+    # (ms goals scaled by a CPU calibration did not hold under load: process starts slow more than CPU bursts).
+    "p3_attach": Goal("<=", 1.75),
+    "p4": Goal("<=", 0.2),
+    "p5": Goal(">=", 0.97),  # abatch aggregate tok/s ÷ the LangChain floor's abatch (÷ raw httpx is reported)
+    "p6": Goal(">=", 100.0),
+    "p7": Goal(">=", 2.0),  # code-edit decode tok/s, speculation "auto" ÷ off
+    "p8": Goal(">=", 0.97),  # chat decode tok/s, the default ÷ speculation off
+    "p9": Goal(">=", 1.8),  # automatic context, q8_0 KV cache ÷ f16, same memory limit
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    """One run's settings; the defaults are those of an empty environment."""
+
+    rounds: int = 9  # first rounds of every scenario
+    max_rounds: int = 25  # cap while a verdict is within noise
+    # P1/P2 rounds after the first ``rounds`` measure only the pairs still within noise (two streams a pair, against
+    # a full round's twelve), so they may go further: up to ``pair_max_rounds`` rounds or ``pair_max_streams``
+    # streams in those rounds, whichever comes first. 420 streams are 52 rounds of all four pairs (the old cap of 61
+    # rounds) or 152 rounds of one.
+    pair_max_rounds: int = 161
+    pair_max_streams: int = 420
+    tokens: int = TOKENS
+    port: int = 18731
+    threads: int = 1  # llama-server threads: one generation thread on its own core, the clients get the others
+    only: frozenset[str] = frozenset(SCENARIOS.split(","))
+    out: Path | None = None  # a directory for the report instead of docs/ and bench/
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
+        """The ``BENCH_*`` variables of ``env`` (default: this process's environment)."""
+        env = os.environ if env is None else env
+        rounds = int(env.get("BENCH_ROUNDS", "9"))
+        return cls(
+            rounds=rounds,
+            max_rounds=max(rounds, int(env.get("BENCH_MAX_ROUNDS", "25"))),
+            pair_max_rounds=max(rounds, int(env.get("BENCH_PAIR_MAX_ROUNDS", "161"))),
+            pair_max_streams=int(env.get("BENCH_PAIR_MAX_STREAMS", "420")),
+            tokens=int(env.get("BENCH_TOKENS", str(TOKENS))),
+            port=int(env.get("BENCH_PORT", "18731")),
+            threads=int(env.get("BENCH_THREADS", "1")),
+            only=frozenset(s.strip() for s in env.get("BENCH_ONLY", SCENARIOS).split(",") if s.strip()),
+            out=Path(env["BENCH_OUT"]) if env.get("BENCH_OUT") else None,
+        )
+
+    @property
+    def server_args(self) -> tuple[str, ...]:
+        return ("-t", str(self.threads), "-tb", str(self.threads))
+
+    def outputs(self) -> tuple[Path, Path, Path]:
+        """Where the run writes results.json, benchmarks.md and benchmarks.png (``out`` is created)."""
+        if self.out is not None:
+            self.out.mkdir(parents=True, exist_ok=True)
+            return self.out / "results.json", self.out / "benchmarks.md", self.out / "benchmarks.png"
+        return ROOT / "bench" / "results.json", ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "benchmarks.png"

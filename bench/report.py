@@ -1,0 +1,317 @@
+"""What a run's results say: the table rows and verdicts, docs/benchmarks.md, the chart, and two runs compared."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from bench import machine
+from bench.clients import SEED
+from bench.config import BATCH, BATCH_TOKENS, GOALS, N_CTX, N_PARALLEL, ROOT, Config
+from bench.scenarios.speculative import CHAT_TASK, CHAT_TOPICS, EDIT_SOURCE, EDIT_TASK
+
+Row = tuple[str, str, str, str, str, str, str]
+
+
+def rows(res: dict[str, Any]) -> list[Row]:
+    """The report's table: metric, client, median, band, min–max, goal, verdict."""
+    out: list[Row] = []
+
+    def add(metric: str, what: str, s: dict[str, Any], digits: int = 3, unit: str = "") -> None:
+        lo, hi = s.get("band", (s["min"], s["max"]))
+        verdict = s.get("verdict")
+        shown = "-" if verdict is None else {"yes": "yes", "no": "**no**", "within noise": "within noise"}[verdict]
+        out.append((metric, what, f"{s['median']:.{digits}f}{unit}", f"{lo:.{digits}f}–{hi:.{digits}f}",
+                    f"{s['min']:.{digits}f}–{s['max']:.{digits}f}", s.get("goal", ""), shown))
+
+    if "p1" in res:
+        p = res["p1"]
+        timed = "server_share" in p
+        for name, s in p.get("throughput_floor_ratio", {}).items():
+            add("P1 stream throughput ÷ the framework's floor" + (", server time taken out" if timed else ""),
+                f"{name} ÷ {p['pairs'][name]}", s)
+        for name, s in p.get("throughput_floor_wall_ratio", {}).items():
+            add("P1 stream throughput ÷ the framework's floor, wall clock only", f"{name} ÷ {p['pairs'][name]}", s)
+        for name, s in p.get("server_share", {}).items():
+            add("P1 the server's own time ÷ the stream's wall time", name, s)
+        for name, s in p["throughput_ratio"].items():
+            add("P1 stream throughput ÷ raw httpx", name, {k: v for k, v in s.items() if k != "verdict"})
+        sped = ", core speed taken out" if p.get("core_speed_taken_out") else ""
+        for name, s in p["floor_ratio"].items():
+            add("P2 live client CPU per token ÷ the framework's floor" + sped, f"{name} ÷ {p['pairs'][name]}", s)
+        for name, s in (p.get("floor_cpu_ratio", {}) if sped else {}).items():  # else the same as the row above
+            add("P2 live client CPU per token ÷ the framework's floor, CPU time only", f"{name} ÷ {p['pairs'][name]}",
+                s)
+        for name, s in p["raw_ratio"].items():
+            add("P2 live client CPU per token ÷ raw httpx" + sped, name, s, 2)
+        for name, s in p["cpu_us_per_token"].items():
+            add("P2 live client CPU per token", name, s, 1, " µs")
+    if "p2_replay" in res:
+        rp = res["p2_replay"]
+        for name, v in rp["us_per_token"].items():
+            add("P2 client CPU per token, replayed stream (no server)", name, {"median": v, "min": v, "max": v}, 1,
+                " µs")
+        for name, v in rp["floor_ratio"].items():
+            add("P2 replayed ÷ the framework's floor", f"{name} ÷ {rp['pairs'][name]}",
+                {"median": v, "min": v, "max": v}, 2)
+    if "p3" in res:
+        a = res["p3"]["attach"]
+        add("P3 attach + 1 request from a fresh process ÷ the same with raw httpx", "gguf_provider.Engine", a["ratio"])
+        add("P3 attach + 1 request, extra wall over a raw httpx process", "gguf_provider.Engine", a["extra_ms"], 0,
+            " ms")
+        if "cold" in res["p3"]:
+            c = res["p3"]["cold"]
+            add("P3 cold start to first token", "gguf_provider (private server)", c["ours_ms"], 0, " ms")
+            add("P3 cold start to first token", "bare llama-server, 5 ms /health poll", c["bare_ms"], 0, " ms")
+            add("P3 cold start ours ÷ bare", "", c["ratio"])
+    if "p4" in res:
+        add(f"P4 TTFT turn N ({res['p4']['prompt_tokens']}-token history) ÷ same prompt cold", "ChatGGUF",
+            res["p4"]["ratio"])
+    if "p5" in res:
+        p5 = res["p5"]
+        if "floor_ratio" in p5:
+            timed = "server_share" in p5
+            add(f"P5 abatch of {BATCH}, aggregate tok/s ÷ the LangChain floor's abatch"
+                + (", server time taken out" if timed else ""), "ChatGGUF", p5["floor_ratio"])
+            if timed:
+                add(f"P5 abatch of {BATCH}, aggregate tok/s ÷ the LangChain floor's abatch, wall clock only", "ChatGGUF",
+                    p5["floor_wall_ratio"])
+        add(f"P5 abatch of {BATCH} ÷ raw {BATCH} concurrent, aggregate tok/s", "ChatGGUF",
+            {k: v for k, v in p5["ratio"].items() if k != "verdict"})
+        if "floor_raw_ratio" in p5:
+            add(f"P5 abatch of {BATCH} ÷ raw {BATCH} concurrent, aggregate tok/s", "LangChain floor",
+                p5["floor_raw_ratio"])
+    if "p7" in res:
+        p = res["p7"]
+        add(f"P7 code-edit decode tok/s, speculation on ÷ off ({p['model']})", "llama-server (auto)", p["edit_ratio"], 2)
+        add(f"P8 chat decode tok/s, default ÷ speculation off ({p['model']})", "llama-server (auto)", p["chat_ratio"],
+            3)
+    if "p9" in res:
+        p = res["p9"]
+        add(f"P9 automatic context, q8_0 ÷ f16 KV cache under {p['limit']} ({p['model']})", "fit",
+            p["ratio"], 2)
+    if "p6" in res:
+        add(f"P6 GGUF header: gguf.GGUFReader time ÷ ours ({res['p6']['model']})", "read_header",
+            res["p6"]["speedup"], 0, "x")
+    return out
+
+
+# How a verdict's figure was taken (qualifiers a newer bench adds to the same metric): left out of the key, so
+# reports of two bench versions still compare.
+_QUALIFIERS = (", server time taken out", ", core speed taken out")
+
+
+def verdicts(res: dict[str, Any]) -> dict[str, str]:
+    """Every verdict of a report by metric and client: what two runs must agree on."""
+    out = {}
+    for r in rows(res):
+        if r[6] != "-":
+            metric = r[0]
+            for q in _QUALIFIERS:
+                metric = metric.replace(q, "")
+            out[f"{metric} | {r[1]}"] = r[6]
+    return out
+
+
+def write_markdown(res: dict[str, Any], path: Path, cfg: Config) -> None:
+    """docs/benchmarks.md from ``res``; ``cfg`` gives what older results do not hold (the server's threads, the
+    cap on rounds)."""
+    m, v = res["machine"], res["versions"]
+    pin = res.get("pinning", {})
+    pinned = (f"llama-server on core {pin['server_cores']}, the clients on {pin['client_cores']}"
+              if pin.get("pinned") else f"not pinned ({pin.get('why', 'not attempted')})")
+    lines = [
+        "# Benchmarks",
+        "",
+        "Generated by `make bench` (`bench/run.py`); raw numbers in `bench/results.json`. Every figure is a ratio or "
+        "a difference measured side by side in one run, on the same llama-server and the same request (seed "
+        f"{SEED}, temperature 0, `ignore_eos`, {res['tokens']} tokens for P1/P2, {BATCH_TOKENS} per request for P5), "
+        "the variants interleaved in every round.",
+        "",
+        "**Reading a verdict.** *Median* is the median of the per-round values (each round pairs the variants "
+        "measured back to back). *Band* is the ~95% confidence interval of that median (order statistics, "
+        "`bench/stats.py`). The verdict is **yes** when the whole band meets the goal, **no** when none of it "
+        "does, and **within noise** when the band straddles the goal; rounds are added (up to "
+        f"{res.get('max_rounds', cfg.max_rounds)}; P1/P2: after the first {res['rounds']}, rounds of only the pairs "
+        f"still within noise, up to {res.get('pair_max_rounds', res.get('max_rounds', cfg.max_rounds))} rounds"
+        + (f" or {res['pair_max_streams']} streams in those rounds" if res.get("pair_max_streams") else "")
+        + ") while it "
+        "straddles. Goals are ratios, so a slower machine is not failed for being slow.",
+        "",
+        f"- Machine: {m['cpu']}, {m['cores']} cores, {m['platform']}; load average before the run "
+        f"{', '.join(f'{x:.2f}' for x in m['load_before'])}, after {', '.join(f'{x:.2f}' for x in m.get('load_after', []))}.",
+        f"- CPU calibration: {m['calibration_ms']:.1f} ms for the fixed workload in `bench/machine.py` "
+        f"(reference machine {machine.REFERENCE_CALIBRATION_MS:.0f} ms: this one is {res['speed_factor']:.2f}× "
+        f"as slow per operation).",
+        f"- Pinning: {pinned}; " + (f"client cores {res['awake']['cores']} kept awake by a SCHED_IDLE busy loop "
+                                     "(P1–P5), whose laps measure the cores' speed during each stream (P2)." if res.get("awake", {}).get("used") else
+                                     f"client cores not kept awake ({res.get('awake', {}).get('why', 'not tried')})."),
+        "- Priority: " + (f"the bench and every process it starts at nice {res['priority']['nice']}, ahead of other "
+                          "work (the awake loop stays below everything)." if res.get("priority", {}).get("raised")
+                          else f"not raised ({res.get('priority', {}).get('why', 'not tried')})."),
+        "- Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
+        f"- llama-server: {res.get('server', {}).get('build_info', '?')}, `-c {N_CTX} -np {N_PARALLEL} --kv-unified"
+        f" {' '.join(cfg.server_args)}`, TCP on 127.0.0.1 with an API key (so every client can reach it).",
+        f"- Model (P1–P5): {res['model']}; P6: {res.get('p6', {}).get('model', '-')}.",
+        f"- Rounds: P1/P2 {res.get('p1', {}).get('rounds', '-')} (every client in the first {res['rounds']}"
+        + (f"; {res['p1']['pair_streams']} streams in the rounds of pairs after them"
+           if res.get("p1", {}).get("pair_streams") is not None else "")
+        + f"){sped_text(res)}; "
+        f"total run time {res['elapsed_s']:.0f} s.",
+        "",
+        "| Metric | Client | Median | Band | Min–max | Goal | Verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines += [f"| {' | '.join(r)} |" for r in rows(res)]
+    if "p1" in res:
+        lines += ["", "Absolute streaming throughput (tok/s, median): " + ", ".join(
+            f"{n} {s['median']:.1f}" for n, s in res["p1"]["tok_s"].items()) + "."]
+    if "p3" in res:
+        a = res["p3"]["attach"]
+        lines += ["", "P3 split, gguf_provider child (ms, median): " + ", ".join(
+            f"{k} {s['median']:.0f}" for k, s in a["engine_split_ms"].items()) + "; raw child: " + ", ".join(
+            f"{k} {s['median']:.0f}" for k, s in a["raw_split_ms"].items()) + "."]
+    if "p4" in res:
+        p = res["p4"]
+        lines += ["", f"P4 absolute TTFT: warm {p['warm_ms']['median']:.0f} ms, cold {p['cold_ms']['median']:.0f} ms "
+                  f"(median)."]
+    if "p6" in res:
+        p = res["p6"]
+        lines += ["", f"P6 absolute: ours {p['ours_ms']['median']:.2f} ms, gguf.GGUFReader "
+                  f"{p['gguf_ms']['median']:.0f} ms ({p['size'] / 1e6:.0f} MB file, page cache warm)."]
+    if "p7" in res:
+        p = res["p7"]
+        drafted = sum(d.get("draft_n") or 0 for d in p["drafts"])
+        accepted = sum(d.get("draft_n_accepted") or 0 for d in p["drafts"])
+        lines += ["", f"P7/P8 ({p['model']}, two servers of it, `speculative=\"auto\"` and `False`"
+                  f"{', `' + p['server_args'] + '`, on the server core' if p.get('server_args') else ''}, "
+                  f"{p['rounds']} rounds{edit_rounds_text(p)}, decode tok/s from the server's timings, prompt cached): code edit "
+                  f"{p['edit_tok_s']['auto']['median']:.1f} vs {p['edit_tok_s']['False']['median']:.1f} tok/s, "
+                  f"chat {p['chat_tok_s']['auto']['median']:.1f} vs {p['chat_tok_s']['False']['median']:.1f} "
+                  f"tok/s; greedy text identical with and without: {p['identical']}; drafted tokens accepted "
+                  f"{accepted}/{drafted}{ceiling_text(p)}. Code-edit task ({p['edit_tokens']} tokens): \"" +
+                  EDIT_TASK.split(chr(10))[0] + f"\" followed by `bench/data/{EDIT_SOURCE.name}` "
+                  f"({EDIT_SOURCE.stat().st_size} bytes). Chat task ({p['chat_tokens']} tokens): \"{CHAT_TASK}\" with a new "
+                  f"topic each round (\"{CHAT_TOPICS[0]}\", \"{CHAT_TOPICS[1]}\", ...)."]
+    if "p9" in res:
+        p = res["p9"]
+        lines += ["", f"P9 absolute: {p['model']} under `GGUF_PROVIDER_MEMORY_LIMIT={p['limit']}`: automatic context "
+                  f"{p['f16']} tokens with an f16 KV cache, {p['q8_0']} with q8_0."]
+    lines += ["", "![benchmarks](benchmarks.png)", ""]
+    notes = ROOT / "bench" / "NOTES.md"
+    if notes.exists():
+        lines += [notes.read_text().rstrip(), ""]
+    path.write_text("\n".join(lines))
+
+
+def sped_text(res: dict[str, Any]) -> str:
+    n = res.get("p1", {}).get("core_speed_pairs")
+    if not n:
+        return ""
+    return f"; P2's core speed taken out in {n[0]} of its {n[1]} ours ÷ floor pairs of streams (the rest: CPU time)"
+
+
+def edit_rounds_text(p: dict[str, Any]) -> str:
+    """Rounds after P7 was decided measure only P8's chat (older reports have no ``edit_rounds``)."""
+    n = p.get("edit_rounds", p["rounds"])
+    return "" if n == p["rounds"] else f", the code edit in the first {n}"
+
+
+def ceiling_text(p: dict[str, Any]) -> str:
+    c = p.get("ceiling")
+    if not c:
+        return ""
+    return (f"; the machine's batch ceiling (the cold edit prompt's {c['prompt_tok_s']:.1f} tok/s ÷ "
+            f"{c['decode_tok_s']:.1f} tok/s one-token decode, speculation off) is {c['ratio']:.2f}x: verifying drafts "
+            "is batch work, so speculation stays below it")
+
+
+def write_chart(res: dict[str, Any], path: Path) -> None:
+    """docs/benchmarks.png: the verdicts' medians and bands against their goals."""
+    import matplotlib  # the bench extra
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(18, 8))
+
+    def bars(ax: Any, items: list[tuple[str, dict[str, Any]]], title: str, goal: float | None) -> None:
+        names = [n for n, _ in items]
+        med = [s["median"] for _, s in items]
+        lo = [s["median"] - s.get("band", (s["min"], s["max"]))[0] for _, s in items]
+        hi = [s.get("band", (s["min"], s["max"]))[1] - s["median"] for _, s in items]
+        ax.bar(names, med, yerr=[lo, hi], capsize=4, color="#4c78a8")
+        if goal is not None:
+            ax.axhline(goal, color="#e45756", linestyle="--", label=f"goal {goal:g}")
+            ax.legend()
+        ax.set_title(title + " (bars: median, whiskers: band)", fontsize=9)
+        ax.tick_params(axis="x", labelsize=7, labelrotation=20)
+
+    if "p1" in res:
+        p = res["p1"]
+        bars(axes[0][0], [(n.replace(" (LlamaIndex)", " LI"), s) for n, s in
+                          (p.get("throughput_floor_ratio") or p["throughput_ratio"]).items()],
+             "P1 stream throughput ÷ framework floor", GOALS["p1"].value)
+        axes[0][0].set_ylim(0.8, 1.1)
+        bars(axes[0][1], [(n.replace(" (LlamaIndex)", " LI"), s) for n, s in p["floor_ratio"].items()],
+             "P2 live CPU per token ÷ framework floor", GOALS["p2_floor"].value)
+        axes[0][1].set_ylim(0.8, 1.3)
+    if "p3" in res:
+        c = res["p3"]
+        items = [("attach extra", c["attach"]["extra_ms"])]
+        if "cold" in c:
+            items += [("cold: ours", c["cold"]["ours_ms"]), ("cold: bare", c["cold"]["bare_ms"])]
+        bars(axes[1][0], items, "P3 ms (attach extra; cold start to 1st token)", None)
+    ratios = []
+    if "p4" in res:
+        ratios.append(("P4 warm÷cold TTFT", res["p4"]["ratio"]))
+    if "p5" in res:
+        ratios.append(("P5 abatch÷floor", res["p5"].get("floor_ratio", res["p5"]["ratio"])))
+    if ratios:
+        bars(axes[1][1], ratios, "P4 (goal <= 0.2), P5 (goal >= 0.97)", None)
+        axes[1][1].axhline(0.2, color="#e45756", linestyle="--")
+        axes[1][1].axhline(0.97, color="#e45756", linestyle=":")
+    spec = []
+    if "p7" in res:
+        spec += [("P7 code edit spec÷off", res["p7"]["edit_ratio"]), ("P8 chat default÷off", res["p7"]["chat_ratio"])]
+    if "p9" in res:
+        spec.append(("P9 ctx q8_0÷f16", res["p9"]["ratio"]))
+    if spec:
+        bars(axes[0][2], spec, "P7 (goal >= 2), P8 (>= 0.97), P9 (>= 1.8)", None)
+        for goal, style in ((2.0, "--"), (0.97, ":"), (1.8, "-.")):
+            axes[0][2].axhline(goal, color="#e45756", linestyle=style)
+    if "p2_replay" in res:
+        bars(axes[1][2], [(n.replace(" (LlamaIndex)", " LI"), {"median": v, "min": v, "max": v})
+                          for n, v in res["p2_replay"]["floor_ratio"].items()],
+             "P2 replayed CPU per token ÷ framework floor", GOALS["p2_floor"].value)
+        axes[1][2].set_ylim(0.8, 1.3)
+    if "p6" in res:
+        fig.suptitle(f"gguf-provider benchmarks — P6 header read speedup over gguf.GGUFReader: "
+                     f"{res['p6']['speedup']['median']:.0f}x")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_docs(res: dict[str, Any], md_path: Path, png_path: Path, cfg: Config) -> None:
+    """The markdown report and its chart."""
+    write_markdown(res, md_path, cfg)
+    write_chart(res, png_path)
+
+
+def compare(a: Path, b: Path) -> int:
+    """``bench/run.py --compare A.json B.json``: the verdicts of two reports side by side; 1 if any differs."""
+    ra, rb = json.loads(a.read_text()), json.loads(b.read_text())
+    va, vb = verdicts(ra), verdicts(rb)
+    differ = 0
+    print(f"load before: {ra['machine']['load_before'][0]:.2f} vs {rb['machine']['load_before'][0]:.2f}; "
+          f"calibration {ra['machine']['calibration_ms']:.1f} vs {rb['machine']['calibration_ms']:.1f} ms")
+    for key in sorted(set(va) & set(vb)):
+        same = va[key] == vb[key]
+        differ += not same
+        print(f"{'  ' if same else '≠ '}{key}: {va[key]} | {vb[key]}")
+    for key in sorted(set(va) ^ set(vb)):
+        print(f"  (in one report only) {key}")
+    print(f"{differ} of {len(set(va) & set(vb))} verdicts differ")
+    return 1 if differ else 0

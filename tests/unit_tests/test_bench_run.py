@@ -1,0 +1,134 @@
+"""The bench without a server: its settings, its rounds, its P1/P2 arithmetic, its report, and an import that reads
+and changes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import report
+from bench.config import Config
+from bench.measure import ServerLog
+from bench.rounds import adaptive
+from bench.run import main
+from bench.scenarios.stream import stream_metrics, stream_undecided
+from bench.stats import Goal
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "bench" / "results.json"
+
+
+def test_importing_the_bench_reads_no_setting_and_changes_nothing() -> None:
+    # Settings that would fail to parse: importing must not read them.
+    env = dict(os.environ, BENCH_ROUNDS="x", BENCH_TOKENS="y", BENCH_PORT="z", PYTHONPATH=str(ROOT))
+    code = ("import os, sys; path, env = list(sys.path), dict(os.environ)\n"
+            "import bench.run, bench.replay, bench.report, bench.profile_stream\n"
+            "assert sys.path == path, 'sys.path changed'; assert dict(os.environ) == env, 'environment changed'")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_settings_come_from_the_environment_when_asked() -> None:
+    assert Config.from_env({}) == Config()
+    cfg = Config.from_env({"BENCH_ROUNDS": "30", "BENCH_MAX_ROUNDS": "12", "BENCH_PAIR_MAX_ROUNDS": "5",
+                           "BENCH_PAIR_MAX_STREAMS": "7", "BENCH_TOKENS": "64", "BENCH_PORT": "1234",
+                           "BENCH_THREADS": "2", "BENCH_ONLY": " p1, p9 ,", "BENCH_OUT": "/tmp/b"})
+    assert (cfg.rounds, cfg.max_rounds, cfg.pair_max_rounds) == (30, 30, 30)  # a cap is never below the first rounds
+    assert (cfg.pair_max_streams, cfg.tokens, cfg.port) == (7, 64, 1234)
+    assert cfg.only == {"p1", "p9"} and cfg.out == Path("/tmp/b")
+    assert cfg.server_args == ("-t", "2", "-tb", "2")
+
+
+def test_outputs_go_to_docs_unless_a_directory_is_named(tmp_path: Path) -> None:
+    assert Config().outputs() == (ROOT / "bench" / "results.json", ROOT / "docs" / "benchmarks.md",
+                                  ROOT / "docs" / "benchmarks.png")
+    out = tmp_path / "run2"
+    assert Config(out=out).outputs() == (out / "results.json", out / "benchmarks.md", out / "benchmarks.png")
+    assert out.is_dir()
+
+
+@pytest.mark.parametrize(("values", "expected"), [
+    ([1.0, 2.0, 3.0, 4.0, 5.0], 3),  # decided (every value above the goal): the first rounds only
+    ([0.0, 1.0] * 20, 6),  # within noise: up to the cap
+])
+def test_rounds_are_added_only_while_a_verdict_is_within_noise(values: list[float], expected: int) -> None:
+    seen: list[float] = []
+    n = adaptive(Config(rounds=3, max_rounds=6), "test", lambda r: seen.append(values[r]), lambda: seen,
+                 Goal(">=", 0.5))
+    assert n == expected == len(seen)
+    assert adaptive(Config(rounds=3, max_rounds=6), "test", lambda r: None, lambda: [], None) == 3
+
+
+def _stream(wall: float, cpu: float, server: float) -> dict[str, Any]:
+    return {"wall": wall, "cpu": cpu, "server": server, "ttft": 0.1, "chunks": 10}
+
+
+def test_stream_metrics_pair_only_the_rounds_that_measured_both() -> None:
+    runs: dict[str, list[dict[str, Any] | None]] = {
+        "raw httpx": [_stream(1.0, 0.10, 0.9), _stream(1.0, 0.10, 0.9), None],
+        "raw httpx async": [_stream(1.0, 0.10, 0.9), _stream(1.0, 0.10, 0.9), None],
+        "ChatGGUF": [_stream(1.25, 0.30, 0.9), _stream(1.25, 0.30, 0.9), _stream(1.25, 0.30, 0.9)],
+        "LangChain floor": [_stream(1.0, 0.20, 0.9), _stream(1.0, 0.20, 0.9), _stream(1.0, 0.20, 0.9)],
+    }
+    m = stream_metrics(runs, {"ChatGGUF": "LangChain floor"}, tokens=100)
+    assert m["throughput_ratio"]["ChatGGUF"]["n"] == 2  # the third round measured only the pair
+    assert m["floor_ratio"]["ChatGGUF"]["n"] == 3
+    assert m["floor_ratio"]["ChatGGUF"]["median"] == pytest.approx(1.5)
+    assert m["floor_ratio"]["ChatGGUF"]["verdict"] == "no"
+    assert m["throughput_floor_ratio"]["ChatGGUF"]["median"] == pytest.approx(0.8)  # server share 0.72 ÷ 0.9
+    assert m["throughput_floor_wall_ratio"]["ChatGGUF"]["median"] == pytest.approx(0.8)
+    assert m["cpu_us_per_token"]["ChatGGUF"]["median"] == pytest.approx(3000)
+    assert m["tok_s"]["raw httpx"]["median"] == pytest.approx(100)
+    assert m["core_speed_pairs"] == [0, 3] and m["core_speed_taken_out"] is False  # the floor pairs, no reading
+    assert stream_undecided(m) == []  # both verdicts are a clear "no"
+
+
+def test_the_server_log_gives_each_request_its_own_time(tmp_path: Path) -> None:
+    path = tmp_path / "server.log"
+    path.write_bytes(b"slot release: task 1 |    total time =     900.00 ms\n")
+    log = ServerLog(path)
+    log.mark()
+    with path.open("ab") as f:
+        f.write(b"task 7 | total time =  250.50 ms\nother line\ntask 8 |   total time = 300.00 ms\n")
+    assert log.seconds_since_mark() == pytest.approx(0.2505)
+    assert log.seconds_since_mark(tasks=2) == pytest.approx(0.3)
+    with pytest.raises(RuntimeError, match="2 of 3"):
+        log.seconds_since_mark(tasks=3, timeout=0.01)
+
+
+def test_the_report_states_the_server_args_of_its_settings(tmp_path: Path) -> None:
+    res = json.loads(RESULTS.read_text())
+    md = tmp_path / "benchmarks.md"
+    report.write_markdown(res, md, Config(threads=2))
+    text = md.read_text()
+    assert "`-c 8192 -np 4 --kv-unified -t 2 -tb 2`" in text
+    assert "| Metric | Client | Median | Band | Min–max | Goal | Verdict |" in text
+    assert all(f"| {' | '.join(r)} |" in text for r in report.rows(res))
+
+
+def test_compare_lists_the_verdicts_that_differ(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    res = json.loads(RESULTS.read_text())
+    n = len(report.verdicts(res))
+    assert n > 0
+    with pytest.raises(SystemExit) as same:
+        main(["--compare", str(RESULTS), str(RESULTS)])
+    assert same.value.code == 0 and f"0 of {n} verdicts differ" in capsys.readouterr().out
+    res["p4"]["ratio"]["verdict"] = "no" if res["p4"]["ratio"]["verdict"] != "no" else "yes"
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(res))
+    assert report.compare(RESULTS, other) == 1
+    out = capsys.readouterr().out
+    assert f"1 of {n} verdicts differ" in out and "≠ P4 TTFT" in out
+
+
+def test_help_runs_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["--help"])
+    assert "BENCH_ROUNDS" in capsys.readouterr().out
+
