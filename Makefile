@@ -36,9 +36,10 @@ demo: setup-demo
 test: $(VENV)/.stamp-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 	$(MAKE) --no-print-directory unit
 	$(MAKE) --no-print-directory setup-test
-	$(VENV)/bin/pytest tests --ignore=tests/unit_tests --durations=20
+	GGUF_PROVIDER_TESTS_STRICT=1 $(VENV)/bin/pytest tests/integration_tests tests/reliability --durations=20
 
 # tests/unit_tests alone, offline, in seconds: an empty temp dir as home, no configured llama-server, no index.
 unit: $(VENV)/.stamp-test
@@ -61,6 +62,7 @@ bench: $(VENV)/.stamp-bench
 lint: $(VENV)/.stamp-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 clean-venv:
 	rm -rf $(VENV)

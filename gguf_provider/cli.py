@@ -91,14 +91,14 @@ def cmd_server_info(args: argparse.Namespace) -> int:
 def cmd_server_path(args: argparse.Namespace) -> int:
     from .runtime.discovery import find_llama_server
 
-    print(find_llama_server(auto_install=False))  # reports; `server install` installs
+    print(find_llama_server())  # reports; `server install` installs
     return 0
 
 
 def cmd_server_version(args: argparse.Namespace) -> int:
     from .runtime.discovery import find_llama_server, probe
 
-    caps = probe(find_llama_server(auto_install=False))
+    caps = probe(find_llama_server())
     if args.json:
         print(json.dumps({"path": caps.path, "version": caps.version, "flags": caps.flags}, indent=2))
         return 0
@@ -123,7 +123,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
     for r in rows:
         print(f"{r.id}  pid {r.pid:>7}  ctx {r.ctx:>6}  mem {r.memory / 2**20:6.0f} MiB (rss "
               f"{r.rss / 2**20:.0f})  leases {r.leases}  last used {now - r.last_used:6.0f}s ago  {r.model}  "
-              f"{r.address}" + (f"  workers {','.join(r.workers)}" if r.workers else ""))
+              f"{r.address}" + (f"  workers {','.join(r.workers)}" if r.workers else "")
+              + (f"  {r.describe_options()}" if r.describe_options() else ""))
     print(budget.describe())
     return 0
 
@@ -139,10 +140,10 @@ def cmd_stop(args: argparse.Namespace) -> int:
     for e in stopped:
         if registry.server_alive(e):
             registry.stop_entry(e)
-            print(f"stopped pid {e['pid']} ({e['model']})")
+            print(f"stopped pid {e.pid} ({e.model})")
         else:  # dead, or a pid now used by a process we did not start: only the entry goes
             registry.stop_entry(e)
-            print(f"removed the stale entry of pid {e['pid']} (not our running server) ({e['model']})")
+            print(f"removed the stale entry of pid {e.pid} (not our running server) ({e.model})")
     if not stopped:
         print("nothing to stop")
         return 1 if args.id else 0
@@ -150,9 +151,9 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from .runtime.models import pull
+    from .runtime.models import ModelRef, pull
 
-    resolved = pull(args.spec, quant=args.quant, vision=args.vision)
+    resolved = pull(ModelRef(args.spec, quant=args.quant, vision=args.vision))
     print(resolved.path)
     return 0
 
@@ -203,7 +204,7 @@ RPC_WARNING = ("the RPC protocol has no authentication and no encryption: anyone
 
 
 def cmd_rpc_worker(args: argparse.Namespace) -> int:
-    from .runtime import discovery, rpc
+    from .runtime import install, rpc
     from .runtime.process import stop_child
 
     if not rpc.is_loopback(args.host) and not args.unauthenticated_ok:
@@ -212,7 +213,7 @@ def cmd_rpc_worker(args: argparse.Namespace) -> int:
               + "; pass --i-know-rpc-is-unauthenticated to listen there anyway (docs/distributed.md)",
               file=sys.stderr)
         return 2
-    binary = rpc.find_rpc_server(discovery.find_llama_server(None))
+    binary = rpc.find_rpc_server(install.ensure_installed())
     if binary is None:
         print("gguf-provider: error: no rpc-server found (beside llama-server, in our install or on PATH); "
               "`gguf-provider server install` builds one", file=sys.stderr)

@@ -7,61 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
-import reprlib
 import weakref
 from collections.abc import AsyncGenerator, Generator, Sequence
 from typing import Any
 
 import httpx
 
-from .errors import APIError, ContextOverflowError, ServerTimeoutError
+from .errors import APIError
 from .events import Event, Finish, ReasoningDelta, TextDelta, Timings, ToolCallDelta, Usage
+from .runtime.diagnose import bounded_repr as _short
+from .runtime.diagnose import error_from_body, transport_error
 from .runtime.process import Address
 
 # --- errors ----------------------------------------------------------------------------------------------------
-
-
-def error_from_body(status: int | None, body: Any) -> APIError:
-    """Map a llama-server error object (HTTP body or in-stream event) to a typed exception."""
-    err = body.get("error", body) if isinstance(body, dict) else {"message": _text(body)}
-    if not isinstance(err, dict):
-        err = {"message": _text(err)}
-    message = _text(err.get("message") or err)
-    etype = err.get("type")
-    if etype == "exceed_context_size_error" or "exceeds the available context size" in message:
-        n_prompt, n_ctx = _int_or_none(err.get("n_prompt_tokens")), _int_or_none(err.get("n_ctx"))
-        return ContextOverflowError(
-            f"the prompt ({n_prompt} tokens) does not fit the context window ({n_ctx} tokens): shorten the input, "
-            f"trim the history, or start the model with a larger n_ctx", n_prompt_tokens=n_prompt, n_ctx=n_ctx)
-    too_large = _TOO_LARGE.search(message)
-    if too_large:
-        # An embedding input longer than the physical batch (a non-causal model must see it in one batch).
-        n_in, n_batch = int(too_large[1]), int(too_large[2])
-        return ContextOverflowError(
-            f"an input of {n_in} tokens is longer than the {n_batch} tokens the embedding server takes at once: "
-            f"shorten or split it, or pass truncate=True", n_prompt_tokens=n_in, n_ctx=n_batch)
-    if "Context size has been exceeded" in message:
-        # Generation filled the KV cache (shared by the server's parallel slots) before max_tokens.
-        return ContextOverflowError(
-            "the server's context filled up while generating (its parallel slots share it): set max_tokens, "
-            "shorten the conversation, or start the model with a larger n_ctx")
-    code = err.get("code", status)
-    return APIError(f"llama-server error{f' {code}' if code else ''}: {message}", status_code=status, body=body)
-
-
-_TOO_LARGE = re.compile(r"input \((\d+) tokens\) is too large to process.*?batch size: (\d+)")
-
-
-def _int_or_none(value: Any) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError, OverflowError):
-        return None
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else _short(value)  # bounded even for deeply nested bodies
+# What a failure means is runtime/diagnose.py's table; error_from_body stays importable from here.
 
 
 def _raise_for_status(r: httpx.Response, body: bytes) -> None:
@@ -165,15 +124,6 @@ def _opt_str(value: Any) -> str | None:
     if value is None or isinstance(value, str):
         return value
     raise TypeError(f"expected a string, got {type(value).__name__}")
-
-
-_repr = reprlib.Repr()
-_repr.maxstring = _repr.maxother = 200
-
-
-def _short(value: Any) -> str:
-    """A bounded repr (depth and length) of a payload for error messages."""
-    return _repr.repr(value)
 
 
 def _loads(text: str) -> Any:
@@ -305,13 +255,13 @@ def _embeddings(data: dict[str, Any]) -> list[list[float]]:
 
 
 class _timeouts:
-    """Turn httpx timeouts into ServerTimeoutError (a hung server must never hang the caller silently)."""
+    """Turn httpx timeouts into ServerTimeoutError (a hung server must never hang the caller silently); the other
+    transport errors go up as they are, for the engine to tell a crashed server from an unreachable one."""
 
     def __enter__(self) -> None:
         return None
 
     def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        if isinstance(exc, httpx.TimeoutException):
-            raise ServerTimeoutError(
-                f"llama-server did not answer in time ({type(exc).__name__}); raise `timeout` for slow models, "
-                f"or check the server") from exc
+        err = transport_error(exc) if isinstance(exc, httpx.TransportError) else None
+        if err is not None:
+            raise err from exc

@@ -1,19 +1,17 @@
 """An engine = a model spec bound to a running llama-server (started, shared or attached) plus its client.
 
 Adapters hold an :class:`Engine`; it starts the server on first use, maps transport failures of a dead server to
-:class:`ServerCrashedError` with the log tail (and starts a fresh server on the next call), and applies the
-context limits: ``max_tokens`` capped at the effective context minus the prompt, an over-long prompt refused
-before generation.
+:class:`ServerCrashedError` with the log tail (runtime/diagnose.py names the cause when it knows it; the next call
+starts a fresh server), retries such calls, and applies the context limits (:mod:`gguf_provider.limits`):
+``max_tokens`` capped at the effective context minus the prompt, an over-long prompt refused before generation.
 """
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import os
 import threading
 import time
-import warnings
 import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from contextlib import aclosing, closing, contextmanager
@@ -23,20 +21,20 @@ from typing import Any, TypeVar
 
 import httpx
 
-from . import media
+from . import limits, media
 from .client import EngineClient
 from .errors import (
-    ContextOverflowError,
-    LoopWarning,
-    ModelNotFoundError,
     RPCWorkerLostError,
     ServerConnectionError,
     ServerCrashedError,
 )
-from .events import Collector, Completion, Event, Finish, LoopStopped, ReasoningDelta, TextDelta
-from .loops import LoopDetector
+from .events import Collector, Completion, Event
+from .loops import LoopGuard
+from .runtime import diagnose, server_options
 from .runtime import manager as mgr
+from .runtime.diagnose import rpc_lost as rpc_lost  # importable from here as before
 from .runtime.progress import Progress
+from .runtime.server_options import validate_cache_type as validate_cache_type  # its home before
 
 DEFAULT_TIMEOUT = 600.0  # local models can be slow: 30 s defaults are a known complaint
 T = TypeVar("T")
@@ -85,94 +83,33 @@ class EngineConfig:
     kv_cache_type: str = "f16"  # K and V cache type: f16, q8_0, q4_0, ... (what the build lists)
 
     def __post_init__(self) -> None:
-        from .runtime import rpc, speculative
-
-        # Wrong values fail here, at construction, not when the server starts.
-        object.__setattr__(self, "speculative", speculative.normalize(self.speculative))
-        object.__setattr__(self, "kv_cache_type", validate_cache_type(self.kv_cache_type))
-        object.__setattr__(self, "rpc_servers", rpc.normalize(self.rpc_servers))
-
-
-def rpc_lost(info: mgr.ServerInfo, workers: tuple[str, ...]) -> RPCWorkerLostError | None:
-    """The typed error for a server that died because RPC workers went away: the ones that no longer accept
-    connections, or (when all still do) the log's word that a worker broke off; None when neither."""
-    from .runtime import rpc
-
-    gone = tuple(w for w in workers if not rpc.reachable(w))
-    deadline = time.monotonic() + 2.0
-    while not gone and workers and time.monotonic() < deadline:
-        # A killed worker's port still accepted connections when the server's death was seen, in a test run with a
-        # load of 4 on 2 cores: look again for a moment before settling for "an RPC worker broke off".
-        time.sleep(0.2)
-        gone = tuple(w for w in workers if not rpc.reachable(w))
-    tail = info.log_tail()  # read after the wait: the log may have said more meanwhile
-    if not gone and "RPC server crashed" not in tail:
-        return None
-    which = f"RPC worker{'s' * (len(gone) > 1)} {', '.join(gone)} went away" if gone else "an RPC worker broke off"
-    return RPCWorkerLostError(
-        f"llama-server (pid {info.pid}) died during the request: {which}. Restart "
-        f"{'it' if len(gone) == 1 else 'the workers'} (`gguf-provider rpc-worker`) or drop "
-        f"{'it' if len(gone) == 1 else 'them'} from rpc_servers; the next call starts a new server",
-        gone, tail, info.log_path)
+        # Wrong values fail here, at construction, not when the server starts: each server option's own check.
+        for option in server_options.OPTIONS:
+            if option.normalize is not None:
+                object.__setattr__(self, option.name, option.normalize(getattr(self, option.name)))
 
 
 def resolve_spec(cfg: EngineConfig) -> mgr.ServerSpec:
     """The server spec of ``cfg``: the model resolved (found, or downloaded), with its projector when ``mmproj`` is
     given (checked to be a projector file) or ``vision`` asks for the one beside the model or in its repo."""
     from .runtime import speculative
-    from .runtime.models import resolve_mmproj, resolve_model
+    from .runtime.models import ModelRef, resolve
 
     mode = speculative.OFF if cfg.embedding else speculative.normalize(cfg.speculative)
-    cache_type = validate_cache_type(cfg.kv_cache_type)
-    mmproj = resolve_mmproj(cfg.mmproj) if cfg.mmproj else None
-    vision = cfg.vision and mmproj is None
-    if cfg.model_path:
-        resolved = resolve_model(cfg.model_path, vision=vision)
-    else:
-        resolved = resolve_model(cfg.model, repo=cfg.repo, quant=cfg.quant, filename=cfg.filename,
-                                 revision=cfg.revision, token=cfg.hf_token, vision=vision, offline=cfg.offline,
-                                 progress=cfg.progress)
+    found = resolve(ModelRef(
+        cfg.model, repo=cfg.repo, quant=cfg.quant, filename=cfg.filename, revision=cfg.revision, token=cfg.hf_token,
+        model_path=cfg.model_path, vision=cfg.vision, mmproj=cfg.mmproj, offline=cfg.offline, progress=cfg.progress,
+        draft=mode if speculative.is_draft(mode) else None))
+    resolved = found.model
     draft: Path | None = None
     draft_shards: tuple[Path, ...] = ()
-    if speculative.is_draft(mode):
-        draft, draft_shards = _resolve_draft(mode, cfg)
+    if found.draft is not None:
+        draft, draft_shards = found.draft.path, found.draft.shards
         speculative.check_draft(resolved.path, draft)  # before anything starts
         mode = speculative.DRAFT
-    return mgr.ServerSpec(
-        model=resolved.path, shards=tuple(resolved.shards), mmproj=mmproj or resolved.mmproj, n_ctx=cfg.n_ctx,
-        n_gpu_layers=cfg.n_gpu_layers, n_parallel=cfg.n_parallel, embedding=cfg.embedding, pooling=cfg.pooling,
-        chat_template=cfg.chat_template, chat_template_file=cfg.chat_template_file,
-        reasoning_format=cfg.reasoning_format, rpc_servers=cfg.rpc_servers, server_args=cfg.server_args,
-        port=cfg.port, llama_server=cfg.llama_server, speculative=mode, draft_model=draft, draft_shards=draft_shards,
-        kv_cache_type=cache_type)
-
-
-def _resolve_draft(spec: str, cfg: EngineConfig) -> tuple[Path, tuple[Path, ...]]:
-    """The draft model of ``speculative=spec``, resolved like any model (path, models-dir name, org/repo:QUANT)."""
-    from .runtime.models import resolve_model
-
-    try:
-        resolved = resolve_model(spec, token=cfg.hf_token, offline=cfg.offline, progress=cfg.progress)
-    except ModelNotFoundError as exc:
-        raise type(exc)(f"speculative={spec!r} names no draft model: {exc}. speculative takes 'auto', 'off' (or "
-                        f"False), an n-gram type such as 'ngram-mod', or a draft model (a .gguf path, a models-dir "
-                        f"name or org/repo:QUANT)") from exc
-    return resolved.path, tuple(resolved.shards)
-
-
-def validate_cache_type(cache_type: Any) -> str:
-    """``kv_cache_type`` checked against the types the fit can size (ValueError naming the closest)."""
-    from .runtime import fit
-
-    if not isinstance(cache_type, str):
-        raise ValueError(f"kv_cache_type must be a string such as 'q8_0', not {type(cache_type).__name__}")
-    value = cache_type.strip().lower()
-    if value not in fit.CACHE_TYPES:
-        close = difflib.get_close_matches(value, list(fit.CACHE_TYPES), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"kv_cache_type={cache_type!r} is not a KV cache type{hint}; use one of "
-                         f"{', '.join(fit.CACHE_TYPES)}")
-    return value
+    # The declared options as the config has them, then the resolved ones (server_options.OPTIONS says which).
+    return mgr.ServerSpec(model=resolved.path, shards=tuple(resolved.shards), mmproj=resolved.mmproj, speculative=mode,
+                          draft_model=draft, draft_shards=draft_shards, **server_options.spec_values(cfg))
 
 
 class Engine:
@@ -284,13 +221,7 @@ class Engine:
         if info is not None and self._lease is not None and not _still_alive(info):
             with self._lock:
                 self._drop()  # the next call starts a fresh server
-            if self.config.rpc_servers:
-                lost = rpc_lost(info, self.config.rpc_servers)
-                if lost is not None:
-                    return lost
-            return ServerCrashedError(
-                f"llama-server (pid {info.pid}) died during the request ({type(exc).__name__}); the next call "
-                f"starts a new one", info.log_tail(), info.log_path)
+            return diagnose.crash(info, exc, self.config.rpc_servers)
         where = info.address.describe() if info else "?"
         return ServerConnectionError(f"lost the connection to llama-server at {where}: {exc}")
 
@@ -332,27 +263,27 @@ class Engine:
         """
         payload = media.prepare(payload, self.modalities(), model=self._where())
         n_ctx = self.n_ctx
-        if not n_ctx or _fits(payload, n_ctx):
+        if not n_ctx or limits.fits(payload, n_ctx):
             return payload
-        return _apply_limits(payload, self.count_prompt_tokens(payload), n_ctx)
+        return limits.apply_limits(payload, self.count_prompt_tokens(payload), n_ctx)
 
     async def aprepare(self, payload: dict[str, Any]) -> dict[str, Any]:
         payload = await media.aprepare(payload, self.modalities(), model=self._where())
         n_ctx = self.n_ctx
-        if not n_ctx or _fits(payload, n_ctx):
+        if not n_ctx or limits.fits(payload, n_ctx):
             return payload
         client = self.client
         with self.guard():
-            prompt = await client.aapply_template(_template_payload(payload))
+            prompt = await client.aapply_template(limits.template_payload(payload))
             n_prompt = len(await client.atokenize(prompt))
-        return _apply_limits(payload, n_prompt, n_ctx)
+        return limits.apply_limits(payload, n_prompt, n_ctx)
 
     def count_prompt_tokens(self, payload: dict[str, Any]) -> int:
         """Tokens of the prompt's text (the chat template applied by the server, then tokenized); image and audio
         parts are left out (their tokens show in the reply's usage)."""
         client = self.client
         with self.guard():
-            return len(client.tokenize(client.apply_template(_template_payload(payload))))
+            return len(client.tokenize(client.apply_template(limits.template_payload(payload))))
 
     def tokenize(self, text: str, *, special: bool = True) -> list[int]:
         client = self.client
@@ -365,7 +296,7 @@ class Engine:
         """The reply's events. With ``loop_guard`` a reply that became a cycle is stopped (closing the stream
         makes llama-server cancel it) and ends with :class:`LoopStopped` and ``Finish("repetition")``."""
         payload = self.prepare(payload)
-        guard = _LoopGuard() if loop_guard else None
+        guard = LoopGuard() if loop_guard else None
         with self.guard(), closing(self.client.stream_chat(payload)) as events:
             for ev in events:
                 yield ev
@@ -376,7 +307,7 @@ class Engine:
 
     async def astream(self, payload: dict[str, Any], *, loop_guard: bool = True) -> AsyncGenerator[Event, None]:
         payload = await self.aprepare(payload)
-        guard = _LoopGuard() if loop_guard else None
+        guard = LoopGuard() if loop_guard else None
         with self.guard():
             async with aclosing(self.client.astream_chat(payload)) as events:
                 async for ev in events:
@@ -403,12 +334,12 @@ class Engine:
             with self.guard():
                 sent: list[str | list[int]] = []
                 for i, text in enumerate(inputs):
-                    if not _may_exceed(text, limit):
+                    if not limits.may_exceed(text, limit):
                         sent.append(text)
                         continue
                     with_special = client.tokenize(text)
                     plain = client.tokenize(text, special=False) if truncate and len(with_special) > limit else []
-                    sent.append(_fit_text(i, text, with_special, plain, limit, truncate))
+                    sent.append(limits.fit_text(i, text, with_special, plain, limit, truncate))
                 return client.embed(sent, **extra)
 
         return self.retrying(run)
@@ -420,13 +351,13 @@ class Engine:
             with self.guard():
                 sent: list[str | list[int]] = []
                 for i, text in enumerate(inputs):
-                    if not _may_exceed(text, limit):
+                    if not limits.may_exceed(text, limit):
                         sent.append(text)
                         continue
                     with_special = await client.atokenize(text)
                     too_long = truncate and len(with_special) > limit
                     plain = await client.atokenize(text, special=False) if too_long else []
-                    sent.append(_fit_text(i, text, with_special, plain, limit, truncate))
+                    sent.append(limits.fit_text(i, text, with_special, plain, limit, truncate))
                 return await client.aembed(sent, **extra)
 
         return await self.aretrying(run)
@@ -444,30 +375,6 @@ class Engine:
         return Engine(replace(self.config, **changes), transport=self.transport)
 
 
-class _LoopGuard:
-    """Watches the content and reasoning deltas of one reply (see :mod:`gguf_provider.loops`)."""
-
-    __slots__ = ("content", "reasoning")
-
-    def __init__(self) -> None:
-        self.content = LoopDetector()
-        self.reasoning = LoopDetector()
-
-    def check(self, ev: Event) -> list[Event] | None:
-        if isinstance(ev, TextDelta):
-            channel, loop = "content", self.content.feed(ev.text)
-        elif isinstance(ev, ReasoningDelta):
-            channel, loop = "reasoning", self.reasoning.feed(ev.text)
-        else:
-            return None
-        if loop is None:
-            return None
-        warnings.warn(f"stopped a reply that became a loop: {loop.describe()} in its {channel}; the reply ends "
-                      f"after the first repetition (finish_reason 'repetition'). Pass loop_guard=False (per call "
-                      f"or on the model) to let it run", LoopWarning, stacklevel=2)
-        return [LoopStopped(channel, loop.keep, loop.period), Finish("repetition")]
-
-
 def _still_alive(info: mgr.ServerInfo, grace: float = 0.3) -> bool:
     """Whether the server is still alive after up to ``grace`` seconds: a killed server closes its sockets a
     moment before it shows up as exited."""
@@ -477,59 +384,3 @@ def _still_alive(info: mgr.ServerInfo, grace: float = 0.3) -> bool:
             return True
         time.sleep(0.02)
     return False
-
-
-def _may_exceed(text: str, limit: int) -> bool:
-    # A token covers at least one UTF-8 byte (byte-level BPE, SentencePiece byte fallback, WordPiece [UNK]), plus a
-    # few special tokens: a text under that bound fits without asking the server to count.
-    return len(text.encode()) + 8 > limit
-
-
-def _fit_text(index: int, text: str, with_special: list[int], plain: list[int], limit: int,
-              truncate: bool) -> str | list[int]:
-    """The text as it is when it fits, else its first tokens (``truncate``) between the model's special tokens."""
-    n = len(with_special)
-    if n <= limit:
-        return text
-    if not truncate:
-        raise ContextOverflowError(
-            f"text {index} to embed is {n} tokens but the model takes at most {limit} per text "
-            f"(starts {text[:40]!r}): split it (a text splitter with chunks under {limit} tokens) or pass "
-            f"truncate=True to embed its first {limit} tokens", n_prompt_tokens=n, n_ctx=limit)
-    head = next((k for k in range(min(n - len(plain), 8) + 1) if with_special[k:k + len(plain)] == plain), None)
-    if not plain or head is None:
-        return with_special[:limit]
-    tail = with_special[head + len(plain):]
-    return [*with_special[:head], *plain[:limit - head - len(tail)], *tail]
-
-
-def _template_payload(payload: dict[str, Any]) -> dict[str, Any]:
-    keys = ("messages", "tools", "chat_template_kwargs", "tool_choice")
-    out = {k: payload[k] for k in keys if k in payload}
-    if "messages" in out:
-        out["messages"] = media.text_only(out["messages"])  # the server's marker for an image is no count of it
-    return out
-
-
-def _fits(payload: dict[str, Any], n_ctx: int) -> bool:
-    """An explicit ``max_tokens`` that surely fits beside the prompt (no ``max_tokens``: count, to set one)."""
-    max_tokens = payload.get("max_tokens")
-    return max_tokens is not None and _char_bound(payload) + max_tokens < n_ctx
-
-
-def _char_bound(payload: dict[str, Any]) -> int:
-    # Every token covers at least one character of the JSON we send, except template special tokens; an image or
-    # audio part counts as a fixed allowance, never as the length of its base64 data.
-    return media.size_bound(payload.get("messages", "")) + len(str(payload.get("tools", ""))) + 512
-
-
-def _apply_limits(payload: dict[str, Any], n_prompt: int, n_ctx: int) -> dict[str, Any]:
-    if n_prompt >= n_ctx:
-        raise ContextOverflowError(
-            f"the prompt is {n_prompt} tokens but the context window is {n_ctx} tokens: shorten the input, trim "
-            f"the history, or start the model with a larger n_ctx", n_prompt_tokens=n_prompt, n_ctx=n_ctx)
-    room = n_ctx - n_prompt
-    max_tokens = payload.get("max_tokens")
-    if max_tokens is None or max_tokens > room:
-        payload = {**payload, "max_tokens": room}
-    return payload

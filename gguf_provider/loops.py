@@ -19,6 +19,9 @@ Legitimate exact repetition (a short JSON array of identical objects, a few iden
 the span. The thresholds were set against the two corpora in tests/unit_tests/data/loops/ (loops captured from the
 real test models, and repetitive but wanted outputs).
 
+:class:`LoopGuard` watches one reply's events with a detector per channel (content, reasoning) and says how the
+reply ends once either loops (:class:`~gguf_provider.events.LoopStopped`, then ``Finish("repetition")``).
+
 Cost: per check (every ``CHECK_EVERY`` characters), one ``str.rfind`` and one slice comparison on each of the two
 texts, all in C.
 """
@@ -26,7 +29,11 @@ texts, all in C.
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass
+
+from .errors import LoopWarning
+from .events import Event, Finish, LoopStopped, ReasoningDelta, TextDelta
 
 MIN_SPAN = 600  # characters the repetition must cover before it is called a loop
 MIN_REPEATS = 4  # units in that span (so a long unit needs MIN_REPEATS × its length)
@@ -56,7 +63,8 @@ class Loop:
 
     def describe(self) -> str:
         shown = self.unit if len(self.unit) <= 60 else self.unit[:57] + "..."
-        return f"a {self.period}-character unit repeated {self.repeats} times ({shown!r})"
+        kind = " (equal but for its numbers)" if self.numbered else ""
+        return f"a {self.period}-character unit{kind} repeated {self.repeats} times ({shown!r})"
 
 
 class LoopDetector:
@@ -132,6 +140,31 @@ class LoopDetector:
                 break
             shrink += m.end() - m.start() - 1
         return k + shrink
+
+
+class LoopGuard:
+    """Watches the content and reasoning deltas of one reply."""
+
+    __slots__ = ("content", "reasoning")
+
+    def __init__(self) -> None:
+        self.content = LoopDetector()
+        self.reasoning = LoopDetector()
+
+    def check(self, ev: Event) -> list[Event] | None:
+        """None while the reply goes on; once it became a loop, the events that end it (and a :class:`LoopWarning`)."""
+        if isinstance(ev, TextDelta):
+            channel, loop = "content", self.content.feed(ev.text)
+        elif isinstance(ev, ReasoningDelta):
+            channel, loop = "reasoning", self.reasoning.feed(ev.text)
+        else:
+            return None
+        if loop is None:
+            return None
+        warnings.warn(f"stopped a reply that became a loop: {loop.describe()} in its {channel}; the reply ends "
+                      f"after the first repetition (finish_reason 'repetition'). Pass loop_guard=False (per call "
+                      f"or on the model) to let it run", LoopWarning, stacklevel=2)
+        return [LoopStopped(channel, loop.keep, loop.period), Finish("repetition")]
 
 
 def _period(text: str) -> int | None:

@@ -4,6 +4,8 @@ The adapters compose the groups (chat: :class:`ChatOptions`; embeddings: :class:
 framework's rule for unknown keyword arguments (:class:`LangChainExtras`, :class:`LlamaIndexExtras`). A new option
 is one field here plus the place in the runtime or in :mod:`gguf_provider.chat` that uses it: a field whose name is
 an :class:`~gguf_provider.engine.EngineConfig` field reaches the engine through :meth:`EngineOptions.engine_config`.
+A llama-server option is not declared here but in :data:`gguf_provider.runtime.server_options.OPTIONS`: the server
+groups' fields (their type, default, description and validation) are made from that table.
 ``docs/reference.md`` is generated from these descriptions (``scripts/gen_reference.py``).
 """
 
@@ -12,14 +14,24 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import warnings
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
 from typing_extensions import Self
 
 from . import chat
-from .engine import API_KEY_ENV, DEFAULT_TIMEOUT, Engine, EngineConfig, env_api_key, validate_cache_type
-from .runtime import rpc, speculative
+from .engine import API_KEY_ENV, DEFAULT_TIMEOUT, Engine, EngineConfig, env_api_key
+from .runtime import server_options
 from .runtime.manager import DEFAULT_START_TIMEOUT
 
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty",
@@ -45,6 +57,14 @@ class _Options(BaseModel):
     @classmethod
     def _forward_unknown(cls, values: Any) -> Any:
         return forward_unknown(cls, values, cls._extras_field) if cls._extras_field else values
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _server_option(cls, value: Any, info: ValidationInfo) -> Any:
+        """A llama-server option's value, checked by its declaration (the one check; ValueError says what is
+        wrong)."""
+        option = server_options.BY_NAME.get(info.field_name or "")
+        return option.normalize(value) if option is not None and option.normalize is not None else value
 
     def extra_body(self) -> dict[str, Any]:
         """Fields sent as they are in every request body (the framework's ``model_kwargs`` and the like)."""
@@ -75,26 +95,31 @@ class ModelOptions(_Options):
         f"Key of an attached server (default `${API_KEY_ENV}`); servers we start use their own key file."))
 
 
-class ServerOptions(_Options):
+def _declared(group: server_options.Group) -> dict[str, Any]:
+    """The pydantic fields of the llama-server options of ``group`` (server_options.OPTIONS), in table order."""
+    fields: dict[str, Any] = {}
+    for o in server_options.OPTIONS:
+        if o.group == group:
+            fields[o.name] = (o.type, Field(default_factory=o.factory, description=o.description) if o.factory
+                              else Field(default=o.default, description=o.description))
+    return fields
+
+
+if TYPE_CHECKING:  # the fields are made at run time; to mypy these are plain option groups
+    class _ServerFields(_Options): ...
+    class _ChatServerFields(_Options): ...
+    class _EmbeddingServerFields(_Options): ...
+else:
+    _ServerFields = create_model("_ServerFields", __base__=_Options, __module__=__name__, **_declared("server"))
+    _ChatServerFields = create_model("_ChatServerFields", __base__=_Options, __module__=__name__,
+                                     **_declared("chat"))
+    _EmbeddingServerFields = create_model("_EmbeddingServerFields", __base__=_Options, __module__=__name__,
+                                          **_declared("embedding"))
+
+
+class ServerOptions(_ServerFields):
     """How the llama-server is started and shared (part of the server's identity: other values, other server)."""
 
-    n_ctx: int | None = Field(default=None, description=(
-        "Context window in tokens; default: the model's own, fitted to free memory."))
-    n_gpu_layers: int | None = Field(default=None, description=(
-        "Layers to offload to the GPU (`-ngl`); default: llama-server's choice."))
-    n_parallel: int | None = Field(default=None, description=(
-        "Parallel slots (`-np`); default: llama-server's automatic choice, sharing one KV cache."))
-    server_args: list[str] = Field(default_factory=list, description=(
-        "Extra llama-server command-line arguments, passed as they are."))
-    rpc_servers: list[str] = Field(default_factory=list, description=(
-        "llama.cpp RPC workers (`host:port`, `gguf-provider rpc-worker`) to spread the model over (`--rpc`): "
-        "every layer goes to them unless `n_gpu_layers` says otherwise, and the fit counts their memory "
-        "(docs/distributed.md)."))
-    llama_server: str | None = Field(default=None, description=(
-        "The llama-server binary to run; default: discovery (`$GGUF_PROVIDER_LLAMA_SERVER`, PATH, our build)."))
-    port: int | None = Field(default=None, description=(
-        "Listen on 127.0.0.1 (with a random key file) instead of a private Unix socket: on this port if it is "
-        "free, else on any free one (0: any)."))
     shared: bool = Field(default=True, description=(
         "Share one server with every process that asks for the same model and options."))
     keep_alive: float | None = Field(default=None, description=(
@@ -102,44 +127,10 @@ class ServerOptions(_Options):
         "default `$GGUF_PROVIDER_KEEP_ALIVE` or 300."))
     start_timeout: float = Field(default=DEFAULT_START_TIMEOUT, description=(
         "Seconds to wait for a starting server to load the model and answer `/health`."))
-    kv_cache_type: str = Field(default="f16", description=(
-        "KV cache type for K and V (`--cache-type-k/-v`): `f16`, `q8_0` (about half the memory), `q4_0`, ... as "
-        "the build lists; the automatic context is fitted at its size, and a quantized type turns flash attention "
-        "on (docs/speed.md)."))
-
-    @field_validator("rpc_servers", mode="before")
-    @classmethod
-    def _rpc_servers(cls, value: Any) -> list[str]:
-        return list(rpc.normalize(value))
-
-    @field_validator("kv_cache_type", mode="before")
-    @classmethod
-    def _cache_type(cls, value: Any) -> str:
-        return validate_cache_type(value)
 
 
-class ChatServerOptions(_Options):
+class ChatServerOptions(_ChatServerFields):
     """Server options that only chat models have."""
-
-    chat_template: str | None = Field(default=None, description=(
-        "A built-in llama.cpp template name (e.g. `chatml`) instead of the model's own."))
-    chat_template_file: str | None = Field(default=None, description="A Jinja chat template file to use instead.")
-    reasoning_format: str | None = Field(default=None, description=(
-        "llama-server's `--reasoning-format` (e.g. `deepseek`, `none`); default: the server's."))
-    vision: bool = Field(default=False, description=(
-        "Load the model's `mmproj` projector (beside the file or in the repo) so image blocks reach the model."))
-    mmproj: str | None = Field(default=None, description=(
-        "A multimodal projector file (`.gguf`, architecture `clip`) to load with the model; implies `vision` "
-        "(docs/vision.md)."))
-    speculative: bool | str = Field(default="auto", description=(
-        "Speculative decoding: `auto` = the build's n-gram self-speculation (no extra model; fast on replies that "
-        "repeat the prompt, e.g. code edits), False/`off`, an n-gram type (`ngram-mod`, `ngram-simple`, ...), or "
-        "a draft model (path, name or `org/repo:QUANT`) with the model's vocabulary (docs/speed.md)."))
-
-    @field_validator("speculative", mode="before")
-    @classmethod
-    def _speculative(cls, value: Any) -> str:
-        return speculative.normalize(value)
 
 
 class SamplingOptions(_Options):
@@ -247,14 +238,11 @@ class ChatOptions(EngineOptions, ChatServerOptions, SamplingOptions):
         return {k: getattr(self, k) for k in SAMPLING if getattr(self, k) is not None}
 
 
-class EmbeddingOptions(EngineOptions):
+class EmbeddingOptions(EngineOptions, _EmbeddingServerFields):
     """Every option of an embeddings adapter."""
 
     _embedding: ClassVar[bool] = True
 
-    pooling: Literal["mean", "cls", "last", "rank"] | None = Field(default=None, description=(
-        "How token vectors become one vector (llama-server's `--pooling`); default: the pooling type in the "
-        "model's GGUF header (an embedder's own), `mean` for a model that names none (a chat model)."))
     truncate: bool = Field(default=False, description=(
         "A text longer than the model's context (e.g. 512 tokens for MiniLM): False raises "
         "`ContextOverflowError` naming it, True embeds its first tokens (never a silent cut)."))

@@ -7,7 +7,8 @@ Rows only, no formatting: the CLI prints them as text or JSON, the magics as a t
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from .runtime import budget, registry
 from .runtime.models import LocalModel, list_local_models
@@ -31,6 +32,14 @@ class ServerStatus:
     last_used: float  # Unix time of its last lease taken or given back
     holders: tuple[int, ...]  # pids of the client processes holding it
     workers: tuple[str, ...] = ()  # the RPC workers (`host:port`) its model is spread over
+    # Its llama-server options that differ from the defaults, by their declared names (runtime/server_options.py):
+    # {"kv_cache_type": "q8_0", "n_gpu_layers": 12, ...}; empty for a server started before they were recorded.
+    options: dict[str, Any] = field(default_factory=dict, hash=False)
+
+    def describe_options(self) -> str:
+        """``name=value`` for each of :attr:`options` not shown on its own (the context, the workers)."""
+        return " ".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}"
+                        for k, v in self.options.items() if k not in ("n_ctx", "rpc_servers"))
 
 
 @dataclass(frozen=True)
@@ -53,16 +62,15 @@ def running_servers() -> list[ServerStatus]:
     registry.sweep()
     rows = []
     for key, e in registry.read().items():
-        rss = budget.rss(int(e["pid"]))
-        idle = time.time() - e["idle_since"] if e.get("idle_since") else 0.0
-        charge = int(e.get("charge") or 0)
-        rows.append(ServerStatus(id=key[:12], pid=e["pid"], model=e["model"], ctx=e["n_ctx"],
-                                 address=f"unix:{e['socket']}" if e.get("socket") else e.get("url"), rss=rss,
-                                 leases=len(e.get("leases", {})), idle_s=round(idle, 1),
-                                 shared=e.get("shared", True), memory=max(charge, rss), charge=charge,
-                                 last_used=float(e.get("last_used") or e.get("started_at") or 0.0),
-                                 holders=tuple(sorted(int(p) for p in e.get("leases", {}))),
-                                 workers=tuple(e.get("rpc_servers") or ())))
+        rss = budget.rss(e.pid)
+        idle = time.time() - e.idle_since if e.idle_since else 0.0
+        rows.append(ServerStatus(id=key[:12], pid=e.pid, model=e.model, ctx=e.n_ctx,
+                                 address=f"unix:{e.socket}" if e.socket else e.url, rss=rss,
+                                 leases=len(e.leases), idle_s=round(idle, 1), shared=e.shared,
+                                 memory=max(e.charge, rss), charge=e.charge,
+                                 last_used=e.last_used or e.started_at or 0.0,
+                                 holders=tuple(sorted(int(p) for p in e.leases)), workers=e.rpc_servers,
+                                 options=dict(e.options)))
     return rows
 
 

@@ -1,12 +1,13 @@
 """A tool-calling agent loop on a local GGUF model through ChatGGUF, fully offline.
 
-    python integrations/langchain_agent.py ["your question"] [--model NAME_OR_PATH] [--keep]
+    python integrations/langchain_agent.py ["your question"] [--model NAME_OR_PATH] [--require-tool] [--keep]
 
 The default model is Qwen2.5-Coder-0.5B-Instruct (its template declares tools). The loop is the classic one:
 the model answers or calls tools; tool results go back as ToolMessages; repeat. ``tool_choice="auto"`` leaves the
 choice to the model, and gguf-provider heals calls that the 0.5B model writes as plain JSON text into real tool
 calls. After tool results, a one-line nudge asks for the answer: without it the tiny model tends to repeat its
-call instead of answering.
+call instead of answering. ``--require-tool`` makes the first step call a tool (``tool_choice="required"``, a
+constrained call) for questions a tool must answer: a tiny model may otherwise answer from memory.
 """
 
 from __future__ import annotations
@@ -34,12 +35,13 @@ def get_weather(city: str) -> str:
 TOOLS = [get_weather]  # add your own; a 0.5B model is most reliable with few tools
 
 
-def run_agent(llm: ChatGGUF, question: str, max_steps: int = 5) -> list[BaseMessage]:
+def run_agent(llm: ChatGGUF, question: str, max_steps: int = 5, *, require_tool: bool = False) -> list[BaseMessage]:
     by_name = {t.name: t for t in TOOLS}
     bound = llm.bind_tools(TOOLS, tool_choice="auto")
+    first = llm.bind_tools(TOOLS, tool_choice="required") if require_tool else bound
     messages: list[BaseMessage] = [HumanMessage(question)]
     for step in range(1, max_steps + 1):
-        ai = bound.invoke(messages)
+        ai = (first if step == 1 else bound).invoke(messages)
         messages.append(ai)
         if not ai.tool_calls:
             return messages
@@ -55,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("question", nargs="?", default="What's the weather like in Paris right now?")
     p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--require-tool", action="store_true", help="the first step must call a tool")
     p.add_argument("--keep", action="store_true", help="keep the server alive for 5 minutes after exit")
     args = p.parse_args(argv)
 
@@ -66,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ready in {time.monotonic() - t0:.1f} s: context {info.n_ctx} tokens, pid {info.pid}\n", flush=True)
     print(f"> {args.question}\n", flush=True)
     try:
-        messages = run_agent(llm, args.question)
+        messages = run_agent(llm, args.question, require_tool=args.require_tool)
     finally:
         llm.unload()
     final = messages[-1]

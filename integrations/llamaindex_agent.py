@@ -5,9 +5,10 @@
 The agent streams its events: tool calls as the model makes them, the tool's results, then the answer. The chat
 template's native tool-call format is used; calls the model writes as text are healed into real calls.
 
-The default 0.5B model picks the right tool and arguments reliably but, shown the tool's result, tends to call the
-tool again instead of answering; so by default the tool's result *is* the answer (``return_direct``). With a larger
-model pass ``--compose`` to let the model phrase the answer from the result.
+The agent's first step always calls the tool (``initial_tool_choice``: a constrained call, so even a 0.5B model
+never answers from memory instead). The default 0.5B model, shown the tool's result, tends to call the tool again
+instead of answering; so by default the tool's result *is* the answer (``return_direct``). With a larger model pass
+``--compose`` to let the model phrase the answer from the result.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def fruit_price(fruit: str) -> str:
 def make_agent(llm: GGUF, *, compose: bool = False) -> FunctionAgent:
     return FunctionAgent(
         tools=[FunctionTool.from_defaults(fruit_price, return_direct=not compose)], llm=llm,
+        initial_tool_choice="fruit_price",  # the first step calls the tool; later ones are the model's choice
         system_prompt="You answer questions about fruit prices. Always look prices up with the fruit_price tool, "
                       "then answer in one short sentence.")
 

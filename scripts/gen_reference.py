@@ -19,6 +19,7 @@ from pydantic import BaseModel  # noqa: E402
 from pydantic.fields import FieldInfo  # noqa: E402
 
 from gguf_provider import options  # noqa: E402
+from gguf_provider.runtime import server_options  # noqa: E402
 
 TARGET = ROOT / "docs" / "reference.md"
 
@@ -43,8 +44,30 @@ GROUPS: list[tuple[type[BaseModel], str]] = [
 
 
 def own_fields(cls: type[BaseModel]) -> list[str]:
-    """The fields a class declares itself (not those of its bases)."""
-    return [n for n in cls.__dict__.get("__annotations__", {}) if not n.startswith("_") and n in cls.model_fields]
+    """The fields a class declares itself or gets from the llama-server option table (through a private base such
+    as ``options._ServerFields``), not those of its public bases."""
+    inherited: set[str] = set()
+    for base in cls.__mro__[1:]:
+        if issubclass(base, BaseModel) and not base.__name__.startswith("_"):
+            inherited |= set(base.model_fields)
+    return [n for n in cls.model_fields if n not in inherited and not n.startswith("_")]
+
+
+IDENTITY = {"args": "yes", "file": "yes: the projector file (path, size, time)",
+            "binary": "yes: the binary (path, size, time)", None: "no"}
+
+
+def server_table() -> list[str]:
+    """What each llama-server option becomes, from its declaration (gguf_provider/runtime/server_options.py)."""
+    rows = ["| option | llama-server flags | part of the server's identity | needs the build to have |",
+            "|---|---|---|---|"]
+    for o in server_options.OPTIONS:
+        flags = ", ".join(f"`{f}`" for f in o.flags) or ("the command itself" if o.identity == "binary" else
+                                                          "its values, as they are, last")
+        ident = IDENTITY[o.identity] + ("" if o.family else " (not of its family: a server with a larger one serves)")
+        needs = " or ".join(f"`{f}`" for f in o.needs) or "-"
+        rows.append(f"| `{o.name}` | {flags} | {ident} | {needs} |")
+    return rows
 
 
 def type_name(annotation: Any) -> str:
@@ -103,6 +126,14 @@ def render() -> str:
         names = own_fields(cls)
         if names:
             out += ["", f"## `{cls.__name__}` only", ""] + table(cls, names)
+    out += ["", "## What each server option becomes", "",
+            "Each llama-server option is declared once, in `gguf_provider/runtime/server_options.py`: the flags it "
+            "becomes, whether it is part of the server's identity (a running server is shared only with the same "
+            "values; another value starts another server) and which flags of the build it needs (read from "
+            "`llama-server --help` when a server starts: on a build without them speculation is left off with a "
+            "warning, a KV cache type is refused before the start, and the others make the start fail with "
+            "llama-server's reason).", ""]
+    out += server_table()
     return "\n".join(out) + "\n"
 
 

@@ -14,10 +14,6 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 # Servers started by the tests stop as soon as their last client lets go, unless a test asks otherwise.
 os.environ.setdefault("GGUF_PROVIDER_KEEP_ALIVE", "0")
 # No test installs llama-server on first use (a source build takes minutes): tests that install say so.
@@ -25,9 +21,10 @@ os.environ.setdefault("GGUF_PROVIDER_AUTO_INSTALL", "0")
 for _k in [k for k in os.environ if k.startswith("LLAMA_ARG_")]:
     del os.environ[_k]
 
-# Shared fixtures and hooks: `rt` (a private home and runtime dir around the installed llama-server), and the
-# guard that keeps tests/unit_tests offline.
-pytest_plugins = ["tests.support.runtime", "tests.support.offline"]
+# Shared fixtures and hooks: `rt` (a private home and runtime dir around the installed llama-server), the guard
+# that keeps tests/unit_tests offline, the skip (or, under `make test`, the error) when the integration tests' server
+# or models are missing, and timeouts from the test models' measured speed.
+pytest_plugins = ["tests.support.runtime", "tests.support.offline", "tests.support.needs", "tests.support.speed"]
 
 SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1"
 QWEN = "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M"

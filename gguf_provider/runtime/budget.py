@@ -114,16 +114,17 @@ class Holder:
                 f"`gguf-provider stop {self.key[:12]}`)")
 
 
-def holders(data: dict[str, registry.Entry]) -> list[Holder]:
+def holders(data: dict[str, registry.Entry], *, reg: registry.Registry | None = None) -> list[Holder]:
     """The live servers of a registry snapshot (dead leases pruned), least recently used first."""
+    reg = reg or registry.default()
     out = []
     for key, e in data.items():
-        if not registry.server_alive(e):
+        if not reg.server_alive(e):
             continue
-        leases = registry.live_leases(e)
-        last = float(e.get("last_used") or e.get("idle_since") or e.get("started_at") or 0.0)
-        out.append(Holder(key=key, model=str(e["model"]), pid=int(e["pid"]), charge=int(e.get("charge") or 0),
-                          rss=rss(int(e["pid"])), holders=tuple(sorted(int(p) for p in leases)), last_used=last))
+        leases = reg.live_leases(e)
+        last = e.last_used or e.idle_since or e.started_at or 0.0
+        out.append(Holder(key=key, model=e.model, pid=e.pid, charge=e.charge, rss=rss(e.pid),
+                          holders=tuple(sorted(int(p) for p in leases)), last_used=last))
     return sorted(out, key=lambda h: h.last_used)
 
 
@@ -136,13 +137,15 @@ class Admission:
 
 def admit(header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_layers: int | None,
           memory: Callable[[], fit.MemoryInfo], cache_type: str = fit.DEFAULT_CACHE_TYPE,
-          draft: GGUFHeader | None = None, local_share: float = 1.0) -> Admission:
+          draft: GGUFHeader | None = None, local_share: float = 1.0,
+          reg: registry.Registry | None = None) -> Admission:
     """Make room for a new server and choose its context (call under :func:`admission_lock`).
 
     ``memory`` reads the free memory now (after evictions). ``file_bytes`` counts every file the server loads (a
     ``draft`` model's too); the KV cache is charged at ``cache_type`` for the model and its draft.
     ``local_share`` is the part of both that stays on this machine (the rest is on RPC workers, which ``memory``
-    reports as devices): only that part is charged to the budget.
+    reports as devices): only that part is charged to the budget. ``reg``: the registry of the servers that count
+    (default: this user's).
     """
     per = fit.cache_type_bytes(cache_type)
 
@@ -151,13 +154,14 @@ def admit(header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_l
                                type_k_bytes=per, type_v_bytes=per, draft=draft)
 
     limit, count = memory_limit(), max_models()
-    running = holders(registry.read())
+    # Without ``reg``, the module-level registry functions (which the budget's unit tests replace).
+    running = holders(registry.read()) if reg is None else holders(reg.read(), reg=reg)
     evicted: list[Holder] = []
 
     def evict_one() -> bool:
         """Stop the least recently used idle server; False when none is idle."""
         for h in running:
-            if h.idle and h not in evicted and stop_idle(h.key):
+            if h.idle and h not in evicted and stop_idle(h.key, reg=reg):
                 evicted.append(h)
                 return True
         return False
@@ -230,14 +234,15 @@ def admit(header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_l
     return Admission(n_ctx, need(n_ctx), tuple(evicted))
 
 
-def stop_idle(key: str) -> bool:
+def stop_idle(key: str, *, reg: registry.Registry | None = None) -> bool:
     """Stop server ``key`` if no live process holds it (checked again under the registry lock)."""
-    with registry.locked() as data:
+    reg = reg or registry.default()
+    with reg.locked() as data:
         entry = data.get(key)
-        if entry is None or registry.live_leases(entry):
+        if entry is None or reg.live_leases(entry):
             return False
-        data.pop(key)
-    registry.stop_entry(entry)
+        del data[key]
+    reg.stop_entry(entry)
     return True
 
 

@@ -1,4 +1,5 @@
-"""Find the llama-server binary to use and probe what it supports."""
+"""Find the llama-server binary to use and probe what it supports. Finding never installs: that is
+:func:`.install.ensure_installed`."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import BinaryNotFoundError, GGUFProviderError
-from . import install, paths
+from . import installed, paths
 
 COMMON_BUILD_DIRS = ("~/llama.cpp/build/bin", "~/.unsloth/llama.cpp/build/bin")
 
@@ -29,6 +30,10 @@ OPTIONAL_FLAGS = (
 # `[a|b|c]` or `{a,b,c}` after it.
 CHOICE_FLAGS = ("--spec-type", "--cache-type-k", "--cache-type-v", "--flash-attn")
 
+
+NOT_FOUND = ("no llama-server binary found. Run `gguf-provider server install` (llama.cpp's prebuilt archive in "
+             "seconds, else a source build of about 8 minutes on 2 cores), or point $GGUF_PROVIDER_LLAMA_SERVER at "
+             "your own build.")
 
 AUTO_INSTALL_MODES = {"1": "auto", "auto": "auto", "true": "auto", "yes": "auto", "on": "auto",
                       "prebuilt": "prebuilt", "0": "off", "false": "off", "no": "off", "off": "off"}
@@ -47,18 +52,18 @@ def locate(explicit: str | os.PathLike[str] | None = None) -> tuple[Path, str] |
         if value:
             path = Path(value).expanduser()
             if path.is_dir():
-                path = path / install.exe("llama-server")
+                path = path / paths.exe("llama-server")
             if not (path.is_file() and os.access(path, os.X_OK)):
                 raise BinaryNotFoundError(f"{origin} points to {path}, which is not an executable llama-server")
             return path, origin
     on_path = shutil.which("llama-server")
     if on_path:
         return Path(on_path), "PATH"
-    inst = install.any_installed()
+    inst = installed.any_installed()
     if inst is not None:
         return inst.server, "installed by gguf-provider server install"
     for d in COMMON_BUILD_DIRS:
-        cand = Path(d).expanduser() / install.exe("llama-server")
+        cand = Path(d).expanduser() / paths.exe("llama-server")
         if cand.is_file() and os.access(cand, os.X_OK):
             return cand, f"common build dir {d}"
     return None
@@ -72,26 +77,21 @@ def auto_install_mode() -> str:
     return AUTO_INSTALL_MODES[value]
 
 
-def find_llama_server(explicit: str | os.PathLike[str] | None = None, *, auto_install: bool | None = None) -> Path:
-    """The llama-server binary, by the discovery order of :func:`locate`.
+def find_llama_server(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """The llama-server binary, by the discovery order of :func:`locate`; BinaryNotFoundError when there is none.
 
-    When there is none, it is installed on first use (``gguf-provider server install``'s order: the pinned
-    llama.cpp release archive, else the source build), unless ``auto_install=False`` or
-    ``$GGUF_PROVIDER_AUTO_INSTALL`` says otherwise ("prebuilt": the archive only; "0": never).
+    It never installs one: :func:`.install.ensure_installed` does, on a model's first start.
     """
     found = locate(explicit)
-    if found is not None:
-        return found[0]
-    mode = auto_install_mode() if auto_install is None else ("auto" if auto_install else "off")
-    if mode == "off":
-        raise BinaryNotFoundError(
-            "no llama-server binary found. Run `gguf-provider server install` (llama.cpp's prebuilt archive in "
-            "seconds, else a source build of about 8 minutes on 2 cores), or point $GGUF_PROVIDER_LLAMA_SERVER at "
-            "your own build."
-        )
-    install.say(f"no llama-server found: installing one now (from {mode}; set GGUF_PROVIDER_AUTO_INSTALL=0 to "
-                "turn this off)")
-    return install.install(method=mode).server
+    if found is None:
+        raise BinaryNotFoundError(NOT_FOUND)
+    return found[0]
+
+
+def parse_version(text: str, default: str = "unknown") -> str:
+    """The version in ``llama-server --version``'s output: what follows "version:", else its first line."""
+    m = re.search(r"version:\s*(.+)", text)
+    return m.group(1).strip() if m else (text.strip().splitlines() or [default])[0]
 
 
 @dataclass
@@ -146,9 +146,7 @@ def probe_uncached(binary: Path) -> ServerCapabilities:
         raise GGUFProviderError(
             f"{binary} --help failed with exit code {hlp.returncode}: {(hlp.stderr or hlp.stdout)[-300:]}"
         )
-    text = ver.stdout + ver.stderr
-    m = re.search(r"version:\s*(.+)", text)
-    version = m.group(1).strip() if m else (text.strip().splitlines() or ["unknown"])[0]
+    version = parse_version(ver.stdout + ver.stderr)
     help_text = hlp.stdout + hlp.stderr
     flags = {f: re.search(rf"(^|[\s,]){re.escape(f)}([\s,=]|$)", help_text, re.M) is not None for f in OPTIONAL_FLAGS}
     choices = {f: found for f in CHOICE_FLAGS if (found := help_choices(help_text, f))}

@@ -8,6 +8,7 @@ Python code is used. docs/install.md describes the order, pinning, mirrors and m
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import platform
@@ -19,134 +20,38 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 import filelock
 
-from ..errors import BuildError, PrebuiltInstallError
-from . import paths, prebuilt
+from ..errors import BinaryNotFoundError, BuildError, PrebuiltInstallError
+from . import discovery, paths, prebuilt
+from .installed import BACKENDS as BACKENDS  # the `x as x` names are re-exported: they lived here before
+from .installed import (
+    MARKER,
+    SDIST_NAME,
+    SDIST_SHA256,
+    SDIST_VERSION,
+    SERVER_TARGET,
+    SOURCE_PIN,
+    Installation,
+    install_dir,
+    installed,
+    prebuilt_dir,
+    read,
+    resolve_backend,
+)
+from .installed import any_installed as any_installed
+from .installed import backend_of as backend_of
+from .installed import installations as installations
+from .paths import exe as exe
 from .progress import Progress
 
-# The source pin: a registry sdist that carries the llama.cpp tree. Record it: tarball builds report no commit.
-SDIST_NAME = "llama-cpp-python"
-SDIST_VERSION = "0.3.36"
-SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
-SDIST_TREE = "vendor/llama.cpp"
-SOURCE_PIN = f"{SDIST_NAME}-{SDIST_VERSION}"
-
-SERVER_TARGET = "llama-server"
+SDIST_TREE = "vendor/llama.cpp"  # the llama.cpp tree inside the sdist (SDIST_NAME, pinned in installed.py)
 RPC_TARGET = "ggml-rpc-server"  # llama.cpp's RPC worker (GGML_RPC=ON); older trees and archives call it rpc-server
 TOOL_TARGETS = (RPC_TARGET, "llama-gguf-split", "llama-quantize")
-BACKENDS = ("auto", "cpu", "cuda", "vulkan", "metal")
 METHODS = ("auto", "prebuilt", "source")
-MARKER = "installed.json"
-
-
-@dataclass(frozen=True)
-class Installation:
-    backend: str
-    bin_dir: Path
-    version: str
-    origin: str = "source"  # "source" (built from SOURCE_PIN) or "prebuilt" (a llama.cpp release archive)
-    marker: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
-    fresh: bool = field(default=False, compare=False)  # installed by this call
-
-    @property
-    def server(self) -> Path:
-        return self.bin_dir / exe(SERVER_TARGET)
-
-    def describe(self) -> str:
-        """Where the binary came from, in one line."""
-        m = self.marker
-        if self.origin == "prebuilt":
-            return (f"prebuilt llama.cpp {m.get('tag')} ({m.get('asset')}, {m.get('digest')}"
-                    + (f", commit {str(m['commit'])[:9]}" if m.get("commit") else "") + ")")
-        return f"source build of {m.get('source', SOURCE_PIN)}"
-
-
-def exe(name: str) -> str:
-    return name + (".exe" if os.name == "nt" else "")
-
-
-def resolve_backend(backend: str = "auto") -> str:
-    """``auto`` → cuda when a CUDA toolkit *and* an NVIDIA GPU are present, metal on macOS, else cpu."""
-    if backend not in BACKENDS:
-        raise BuildError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    if backend != "auto":
-        return backend
-    if sys.platform == "darwin":
-        return "metal"
-    if shutil.which("nvcc") and _has_nvidia_gpu():
-        return "cuda"
-    return "cpu"
-
-
-def _has_nvidia_gpu() -> bool:
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return False
-    try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return out.returncode == 0 and "GPU" in out.stdout
-
-
-def install_dir(backend: str) -> Path:
-    """Where the source build for ``backend`` goes."""
-    return paths.bin_dir() / f"{SOURCE_PIN}-{backend}"
-
-
-def prebuilt_dir(tag: str, backend: str) -> Path:
-    """Where llama.cpp release ``tag``'s archive for ``backend`` goes."""
-    return paths.bin_dir() / f"llama.cpp-{tag}-{backend}"
-
-
-def _read(target: Path) -> Installation | None:
-    try:
-        data = json.loads((target / MARKER).read_text())
-        inst = Installation(backend=data["backend"], bin_dir=target, version=data.get("version", ""),
-                            origin=data.get("origin", "source"), marker=data)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return inst if inst.server.is_file() else None
-
-
-def installations() -> list[Installation]:
-    """Every intact installation (marker and binary present) in the bin dir, newest first."""
-    try:
-        dirs = [d for d in paths.bin_dir().iterdir() if d.is_dir() and not d.name.startswith(".")]
-    except OSError:
-        return []
-    found = [inst for inst in map(_read, dirs) if inst is not None]
-    return sorted(found, key=lambda i: float(i.marker.get("installed_at") or i.marker.get("built_at") or 0),
-                  reverse=True)
-
-
-def installed(backend: str = "auto", origin: str | None = None, tag: str | None = None) -> Installation | None:
-    """The newest intact installation for ``backend`` (of that ``origin`` and release ``tag`` when given)."""
-    backend = resolve_backend(backend)
-    for inst in installations():
-        if inst.backend == backend and origin in (None, inst.origin) and tag in (None, inst.marker.get("tag")):
-            return inst
-    return None
-
-
-def any_installed() -> Installation | None:
-    """Our install for this host's default backend, else cpu, else any other backend."""
-    preferred = installed("auto") or installed("cpu")
-    if preferred is not None:
-        return preferred
-    others = (installed(b) for b in BACKENDS if b not in ("auto", "cpu"))
-    return next((inst for inst in others if inst is not None), None)
-
-
-def backend_of(binary: Path) -> str | None:
-    """The backend of our installation that ``binary`` is, or None for any other binary."""
-    target = binary.resolve()
-    return next((inst.backend for inst in installations() if inst.server.resolve() == target), None)
 
 
 def say(message: str) -> None:
@@ -161,6 +66,24 @@ def install_lock(timeout: float = 3600.0) -> Iterator[None]:
     locks.mkdir(parents=True, exist_ok=True)
     with filelock.FileLock(str(locks / "install.lock"), timeout=timeout):
         yield
+
+
+def ensure_installed(explicit: str | os.PathLike[str] | None = None, *, auto_install: bool | None = None) -> Path:
+    """The llama-server binary :func:`.discovery.find_llama_server` finds, installed first when there is none.
+
+    The install is ``gguf-provider server install``'s order (the pinned llama.cpp release archive, else the source
+    build) unless ``auto_install=False`` or ``$GGUF_PROVIDER_AUTO_INSTALL`` says otherwise ("prebuilt": the archive
+    only; "0": never, and BinaryNotFoundError says how to install). What a model's first start runs.
+    """
+    found = discovery.locate(explicit)
+    if found is not None:
+        return found[0]
+    mode = discovery.auto_install_mode() if auto_install is None else ("auto" if auto_install else "off")
+    if mode == "off":
+        raise BinaryNotFoundError(discovery.NOT_FOUND)
+    say(f"no llama-server found: installing one now (from {mode}; set GGUF_PROVIDER_AUTO_INSTALL=0 to "
+        "turn this off)")
+    return install(method=mode).server
 
 
 SourceBuild = Callable[..., Installation]
@@ -236,7 +159,7 @@ def install_prebuilt(backend: str, tag: str, *, progress: Progress | None = None
         staged.bin_dir.rename(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    inst = _read(target)
+    inst = read(target)
     if inst is None:
         raise PrebuiltInstallError(f"{target} is incomplete after the move", "archive")
     return Installation(inst.backend, inst.bin_dir, inst.version, inst.origin, inst.marker, fresh=True)
@@ -258,7 +181,7 @@ def build_from_source(
     """
     backend = resolve_backend(backend)
     if not force and not cmake_args:
-        done = _read(install_dir(backend))
+        done = read(install_dir(backend))
         if done is not None and outdated(done) is None:
             return done
     src = fetch_source()
@@ -396,14 +319,9 @@ def _find_binary(build: Path, name: str) -> Path | None:
 def smoke_test(server: Path, log_path: Path) -> str:
     """Run ``llama-server --version``; a binary built for another CPU dies here, not in front of a user."""
     try:
-        out = subprocess.run([str(server), "--version"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise BuildError(f"{server} --version could not run ({exc}); log: {log_path}", log_path) from exc
-    text = (out.stdout + out.stderr).strip()
-    if out.returncode != 0:
-        raise BuildError(f"{server} --version failed with exit code {out.returncode}: {text[-300:]}", log_path)
-    m = re.search(r"version:\s*(.+)", text)
-    return f"{m.group(1).strip() if m else text.splitlines()[0] if text else '?'} [{SOURCE_PIN}]"
+        return f"{prebuilt.smoke_version(server)} [{SOURCE_PIN}]"
+    except PrebuiltInstallError as exc:
+        raise BuildError(f"the build finished but {exc} (log: {log_path})", log_path) from None
 
 
 def smoke_start(server: Path, log_path: Path, model: Path | None = None) -> float | None:
@@ -446,8 +364,6 @@ def fetch_source() -> Path:
 
 
 def _check_sha256(path: Path) -> None:
-    import hashlib
-
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

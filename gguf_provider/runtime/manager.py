@@ -13,83 +13,41 @@ import hashlib
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import filelock
 import httpx
 
-from ..errors import GGUFFormatError, ServerConnectionError, ServerStartError, ServerTimeoutError
+from ..errors import ServerConnectionError, ServerStartError, ServerTimeoutError
 from . import budget as budget_mod
-from . import discovery, paths, process, registry
+from . import diagnose, discovery, gguf, install, paths, process, registry, server_options
 from . import fit as fit_mod
 from . import rpc as rpc_mod
 from . import speculative as speculative_mod
+from .argv import build_argv
 from .gguf import GGUFHeader
 from .process import Address
 from .progress import Progress
+from .server_options import (  # their home before server_options.py and argv.py: re-exported
+    EMBED_UBATCH_MAX,
+    POOLING_NAMES,
+    ServerSpec,
+    cache_type_args,
+    check_cache_type,
+    embedding_pooling,
+    user_ubatch,
+)
 
 DEFAULT_KEEP_ALIVE = 300.0
 """Seconds a shared server outlives its last client; ``$GGUF_PROVIDER_KEEP_ALIVE`` overrides it."""
 DEFAULT_START_TIMEOUT = 600.0
-EMBED_UBATCH_MAX = 8192
-_TRUNCATED = "data is not within the file bounds"  # llama-server's words for a model file cut short
-
-
-@dataclass(frozen=True)
-class ServerSpec:
-    """Everything that makes two servers interchangeable."""
-
-    model: Path
-    shards: tuple[Path, ...] = ()
-    mmproj: Path | None = None
-    n_ctx: int | None = None
-    n_gpu_layers: int | None = None
-    n_parallel: int | None = None
-    embedding: bool = False
-    pooling: str | None = None
-    chat_template: str | None = None
-    chat_template_file: str | None = None
-    reasoning_format: str | None = None
-    rpc_servers: tuple[str, ...] = ()
-    server_args: tuple[str, ...] = ()
-    port: int | None = None
-    llama_server: str | None = None
-    # Speculative decoding (runtime/speculative.py): "off", "auto", an n-gram type, or "draft" with draft_model.
-    speculative: str = speculative_mod.OFF
-    draft_model: Path | None = None
-    draft_shards: tuple[Path, ...] = ()
-    kv_cache_type: str = fit_mod.DEFAULT_CACHE_TYPE  # K and V cache type (`--cache-type-k/-v`)
-
-    def identity(self, binary: Path) -> dict[str, Any]:
-        def file_id(p: Path) -> list[Any]:
-            st = p.stat()
-            return [str(p.resolve()), st.st_size, st.st_mtime_ns]
-
-        b = binary.stat()
-        return {
-            "binary": [str(binary.resolve()), b.st_size, b.st_mtime_ns],
-            "model": [file_id(p) for p in (self.shards or (self.model,))],
-            "mmproj": file_id(self.mmproj) if self.mmproj else None,
-            "draft": [file_id(p) for p in (self.draft_shards or (self.draft_model,))] if self.draft_model else None,
-            "args": [self.n_ctx, self.n_gpu_layers, self.n_parallel, self.embedding, self.pooling,
-                     self.chat_template, self.chat_template_file, self.reasoning_format, list(self.rpc_servers),
-                     list(self.server_args), self.port, self.speculative, self.kv_cache_type],
-        }
-
-    def family(self, binary: Path) -> str:
-        """The identity without the context: servers of one family differ only in ``n_ctx``, so one with a
-        context at least the asked one serves the request."""
-        ident = self.identity(binary)
-        ident["args"] = ident["args"][1:]
-        return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
 
 
 @dataclass
@@ -134,142 +92,15 @@ class Lease:
         self.release()
 
 
-# llama.cpp's pooling types by number (`{arch}.pooling_type` in a GGUF header) and `--pooling` name.
-POOLING_NAMES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
-
-
-def embedding_pooling(asked: str | None, header_pooling: int | None) -> str | None:
-    """The `--pooling` to pass, or None to let the model's own pooling type (from its header) stand.
-
-    What the user asked wins. A model whose header names a pooling type (an embedder: BERT mean, BGE cls,
-    Qwen3-Embedding last) keeps it: forcing `mean` on a CLS- or last-token-pooled model silently degrades its
-    vectors. A model with none (a chat model) or `none` gets `mean`: the OpenAI-style endpoint needs a pooled vector.
-    """
-    if asked:
-        return asked
-    if header_pooling in POOLING_NAMES and header_pooling != 0:
-        return None
-    return "mean"
-
-
-def user_ubatch(server_args: Sequence[str]) -> int | None:
-    """The physical batch (``-ub``/``--ubatch-size``) the user set in ``server_args``, if any. Without one, an
-    embedding server gets ``min(n_ctx, EMBED_UBATCH_MAX)`` (:func:`build_argv`)."""
-    for i, arg in enumerate(server_args):
-        for name in ("-ub", "--ubatch-size"):
-            value = server_args[i + 1] if arg == name and i + 1 < len(server_args) else (
-                arg.split("=", 1)[1] if arg.startswith(name + "=") else None)
-            if value is not None:
-                try:
-                    return int(value)
-                except ValueError:
-                    return None
-    return None
-
-
-def build_argv(spec: ServerSpec, binary: Path, caps: discovery.ServerCapabilities, alias: str, n_ctx: int,
-               address: Address, api_key_file: Path | None, *, header_pooling: int | None = None) -> list[str]:
-    argv = [str(binary), "-m", str(spec.model), "--alias", alias, "-c", str(n_ctx)]
-    for flag in ("--jinja", "--no-webui", "--offline"):
-        if caps.supports(flag):
-            argv.append(flag)
-    if address.socket:
-        argv += ["--host", address.socket]
-    else:
-        assert address.url is not None
-        port = address.url.rsplit(":", 1)[1]
-        argv += ["--host", "127.0.0.1", "--port", port]
-    if api_key_file is not None:
-        argv += ["--api-key-file", str(api_key_file)]
-    if spec.mmproj:
-        argv += ["--mmproj", str(spec.mmproj)]
-    if spec.n_gpu_layers is not None:
-        argv += ["-ngl", str(spec.n_gpu_layers)]
-    elif spec.rpc_servers:
-        argv += ["-ngl", "999"]  # every layer on the devices (the workers), as many as there are
-    if spec.n_parallel is not None:
-        argv += ["-np", str(spec.n_parallel)]
-        if caps.supports("--kv-unified"):
-            argv.append("--kv-unified")
-    if spec.embedding:
-        argv.append("--embedding")
-        pooling = embedding_pooling(spec.pooling, header_pooling)
-        if pooling:
-            argv += ["--pooling", pooling]
-        if user_ubatch(spec.server_args) is None:
-            # A pooled embedding must fit one physical batch: with the default (512) longer inputs fail with
-            # "input is too large to process".
-            n = str(min(n_ctx, EMBED_UBATCH_MAX))
-            argv += ["--batch-size", n, "--ubatch-size", n]
-    if spec.chat_template:
-        argv += ["--chat-template", spec.chat_template]
-    if spec.chat_template_file:
-        argv += ["--chat-template-file", spec.chat_template_file]
-    if spec.reasoning_format:
-        argv += ["--reasoning-format", spec.reasoning_format]
-    if spec.rpc_servers:
-        argv += ["--rpc", ",".join(spec.rpc_servers)]
-    argv += cache_type_args(spec.kv_cache_type, caps)
-    argv += speculative_mod.server_args(spec.speculative, spec.draft_model, caps, spec.kv_cache_type)
-    argv += list(spec.server_args)
-    return argv
-
-
-def cache_type_args(cache_type: str, caps: discovery.ServerCapabilities) -> list[str]:
-    """``--cache-type-k/-v`` for a type other than the server's default f16; a quantized V cache needs flash
-    attention, so it is turned on (``-fa on``, or the bare flag of older builds)."""
-    if cache_type == fit_mod.DEFAULT_CACHE_TYPE:
-        return []
-    argv = ["--cache-type-k", cache_type, "--cache-type-v", cache_type]
-    if fit_mod.is_quantized(cache_type) and caps.supports("--flash-attn"):
-        argv += ["--flash-attn", "on"] if "on" in caps.allowed("--flash-attn") else ["--flash-attn"]
-    return argv
-
-
-def check_cache_type(cache_type: str, caps: discovery.ServerCapabilities, header: GGUFHeader) -> None:
-    """Before a start: a cache type this build does not list, or whose blocks do not divide the model's head
-    sizes (llama.cpp refuses both), is a ValueError that says what to pick instead."""
-    if cache_type == fit_mod.DEFAULT_CACHE_TYPE:
-        return
-    listed = caps.allowed("--cache-type-k")
-    if not caps.supports("--cache-type-k") or (listed and cache_type not in listed):
-        have = f"it lists {', '.join(listed)}" if listed else "it has no --cache-type-k"
-        raise ValueError(f"kv_cache_type={cache_type!r} is not a KV cache type of this llama-server ({have}; "
-                         f"{caps.path})")
-    block = fit_mod.CACHE_TYPES[cache_type][0]
-    dims = {d for d in (header.head_dim, header.value_head_dim) if d}
-    if block > 1 and any(d % block for d in dims):
-        raise ValueError(f"kv_cache_type={cache_type!r} stores blocks of {block} values, which do not divide "
-                         f"{header.path.name}'s attention head size ({', '.join(map(str, sorted(dims)))}); use "
-                         f"f16, bf16 or f32 for this model")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def fit_memory(binary: Path, workers: Sequence[rpc_mod.WorkerInfo] = ()) -> fit_mod.MemoryInfo:
     """The memory ``binary`` can use: free RAM, plus free VRAM unless it is our CPU-only build (a GPU host without a
     CUDA toolkit gets one, and sizing its context by VRAM would overshoot RAM), plus what RPC ``workers`` report
     (llama.cpp treats each worker's device like a GPU: the offloaded layers and their KV cache go there)."""
-    from . import fit, install
-
-    memory = fit.available_memory()
+    memory = fit_mod.available_memory()
     if memory.has_gpu and install.backend_of(binary) == "cpu":
-        memory = fit.MemoryInfo(ram_available=memory.ram_available)
+        memory = fit_mod.MemoryInfo(ram_available=memory.ram_available)
     devices = tuple(f for w in workers for f in w.free)
-    return fit.MemoryInfo(memory.ram_available, memory.vram_free + devices) if devices else memory
+    return fit_mod.MemoryInfo(memory.ram_available, memory.vram_free + devices) if devices else memory
 
 
 def read_props(address: Address, timeout: float = 5.0, *, healthy: bool = False) -> dict[str, Any]:
@@ -301,10 +132,176 @@ def props_n_ctx(props: dict[str, Any]) -> int:
     return int(dgs.get("n_ctx") or props.get("n_ctx") or 0)
 
 
-class ServerManager:
-    """Per-process front of the registry: acquires, counts and releases leases."""
+# -- the manager's collaborators ---------------------------------------------------------------------------------
+# ServerManager reaches the world only through these (the pattern of Ollama's server/sched.go): the defaults below
+# are the real ones, and tests/unit_tests/test_manager_races.py drives the manager with fakes.
 
-    def __init__(self) -> None:
+
+class Proc(Protocol):
+    """A spawned server process, as much of it as the manager looks at."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def poll(self) -> int | None: ...
+
+
+class Launcher(Protocol):
+    def spawn(self, argv: list[str], log_path: Path, *, private: bool) -> Proc:
+        """Start llama-server with ``argv``, its output to ``log_path``."""
+        ...
+
+    def watchdog(self, key: str, entry: registry.Entry, home: Path) -> None:
+        """Start the process that stops the server once its clients are gone (runtime/watchdog.py)."""
+        ...
+
+
+class Health(Protocol):
+    def wait_healthy(self, proc: Proc, address: Address, log_path: Path, *, timeout: float,
+                     progress: Progress | None) -> None:
+        """Return once ``/health`` answers 200; ServerStartError (with the log tail) when the process exits or
+        ``timeout`` runs out."""
+        ...
+
+    def props(self, address: Address, *, healthy: bool = False) -> dict[str, Any]:
+        """``/props`` (with ``healthy``: after a 200 from ``/health``); httpx errors or ValueError otherwise."""
+        ...
+
+    def speculating(self, address: Address) -> bool | None: ...
+
+
+class Clock(Protocol):
+    def time(self) -> float:
+        """Wall-clock seconds: what the registry's timestamps (idle_since, last_used) are, across processes."""
+        ...
+
+    def monotonic(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class AdmissionLock(Protocol):
+    @property
+    def is_locked(self) -> bool: ...
+
+    def acquire(self) -> object: ...
+
+    def release(self) -> None: ...
+
+
+class Budget(Protocol):
+    """The memory all our servers share (runtime/budget.py)."""
+
+    def admission_lock(self) -> AdmissionLock:
+        """Held while one server is admitted; raises filelock.Timeout when another admission takes too long."""
+        ...
+
+    def admit(self, header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_layers: int | None,
+              memory: Callable[[], fit_mod.MemoryInfo], cache_type: str, draft: GGUFHeader | None,
+              local_share: float, reg: registry.Registry) -> budget_mod.Admission:
+        """Make room (evicting idle servers of ``reg``) and choose the context."""
+        ...
+
+    def memory(self, binary: Path, workers: Sequence[rpc_mod.WorkerInfo]) -> fit_mod.MemoryInfo: ...
+
+    def rss(self, pid: int) -> int: ...
+
+
+class Installer(Protocol):
+    def find(self, explicit: str | None) -> Path:
+        """The llama-server binary to run (``explicit``: the spec's own)."""
+        ...
+
+    def capabilities(self, binary: Path) -> discovery.ServerCapabilities: ...
+
+
+class ProcessLauncher:
+    """Spawns llama-server (runtime/process.py) and the watchdog as real processes."""
+
+    def spawn(self, argv: list[str], log_path: Path, *, private: bool) -> Proc:
+        return process.spawn(argv, log_path, private=private)
+
+    def watchdog(self, key: str, entry: registry.Entry, home: Path) -> None:
+        _spawn_watchdog(key, entry, home)
+
+
+class HTTPHealth:
+    """Asks the server over HTTP (its Unix socket or loopback port)."""
+
+    def wait_healthy(self, proc: Proc, address: Address, log_path: Path, *, timeout: float,
+                     progress: Progress | None) -> None:
+        popen = proc if isinstance(proc, subprocess.Popen) else None
+        process.wait_healthy(popen, proc.pid, address, log_path, timeout=timeout, progress=progress)
+
+    def props(self, address: Address, *, healthy: bool = False) -> dict[str, Any]:
+        return read_props(address, healthy=healthy)
+
+    def speculating(self, address: Address) -> bool | None:
+        return speculating(address)
+
+
+class SystemClock:
+    def time(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+class MemoryBudget:
+    """runtime/budget.py over this machine's free memory."""
+
+    def admission_lock(self) -> AdmissionLock:
+        return budget_mod.admission_lock()
+
+    def admit(self, header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_layers: int | None,
+              memory: Callable[[], fit_mod.MemoryInfo], cache_type: str, draft: GGUFHeader | None,
+              local_share: float, reg: registry.Registry) -> budget_mod.Admission:
+        return budget_mod.admit(header, file_bytes, requested=requested, n_gpu_layers=n_gpu_layers, memory=memory,
+                                cache_type=cache_type, draft=draft, local_share=local_share, reg=reg)
+
+    def memory(self, binary: Path, workers: Sequence[rpc_mod.WorkerInfo]) -> fit_mod.MemoryInfo:
+        return fit_memory(binary, workers)
+
+    def rss(self, pid: int) -> int:
+        return budget_mod.rss(pid)
+
+
+class BinaryInstaller:
+    """The discovery order of runtime/discovery.py (installing one on first use), and the binary's ``--help`` probe."""
+
+    def find(self, explicit: str | None) -> Path:
+        return install.ensure_installed(explicit)
+
+    def capabilities(self, binary: Path) -> discovery.ServerCapabilities:
+        return discovery.probe(binary)
+
+
+def _default_registry() -> registry.Registry:
+    return registry.default()
+
+
+class ServerManager:
+    """Per-process front of the registry: acquires, counts and releases leases.
+
+    Every collaborator is a parameter with the real one as default; ``pid`` is the client process the leases are
+    recorded for (this one).
+    """
+
+    def __init__(self, *, registry: registry.Registry | None = None, launcher: Launcher | None = None,
+                 health: Health | None = None, clock: Clock | None = None, budget: Budget | None = None,
+                 installer: Installer | None = None, pid: int | None = None) -> None:
+        self._registry = registry if registry is not None else _default_registry()
+        self._launcher: Launcher = launcher or ProcessLauncher()
+        self._health: Health = health or HTTPHealth()
+        self._clock: Clock = clock or SystemClock()
+        self._budget: Budget = budget or MemoryBudget()
+        self._installer: Installer = installer or BinaryInstaller()
+        self._pid = os.getpid() if pid is None else pid
+        self._pid_ctime: float | None = None
         self._lock = threading.RLock()
         self._refs: dict[str, int] = {}
         self._swept = False
@@ -316,27 +313,27 @@ class ServerManager:
                 start_timeout: float = DEFAULT_START_TIMEOUT, progress: Progress | None = None) -> Lease:
         if keep_alive is None:
             keep_alive = default_keep_alive()
-        binary = discovery.find_llama_server(spec.llama_server)
+        binary = self._installer.find(spec.llama_server)
         if not self._swept:
             self._swept = True
-            registry.sweep()  # orphans whose clients all died
+            self._registry.sweep(now=self._clock.time())  # orphans whose clients all died
         ident = spec.identity(binary)
         if not shared:
-            ident["private"] = [os.getpid(), secrets.token_hex(8)]
+            ident["private"] = [self._pid, secrets.token_hex(8)]
         key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
         family = spec.family(binary)
         if shared and spec.n_ctx:
             # A running server of the same family with at least this context serves it (a second one would
             # only cost memory).
             with self._lock:
-                for other in _compatible(family, spec.n_ctx, key):
-                    with registry.key_lock(other):
+                for other in self._compatible(family, spec.n_ctx, key):
+                    with self._registry.key_lock(other):
                         info = self._attach(other)
                     if info is not None:
                         info.asked_ctx = spec.n_ctx
                         self._refs[other] = self._refs.get(other, 0) + 1
                         return Lease(self, info)
-        with self._lock, registry.key_lock(key):
+        with self._lock, self._registry.key_lock(key):
             info = self._attach(key) if shared else None
             if info is None:
                 info = self._start(key, spec, binary, shared=shared, keep_alive=keep_alive,
@@ -353,19 +350,31 @@ class ServerManager:
 
     # -- internals --------------------------------------------------------------------------------------------
 
+    def _my_lease(self) -> tuple[str, float]:
+        if self._pid_ctime is None:
+            self._pid_ctime = self._registry.processes.create_time(self._pid)
+        return str(self._pid), self._pid_ctime
+
+    def _compatible(self, family: str, n_ctx: int, own_key: str) -> list[str]:
+        """Keys of running shared servers of ``family`` whose context is at least ``n_ctx``, smallest first."""
+        found = [(e.n_ctx, k) for k, e in self._registry.read().items()
+                 if k != own_key and e.family == family and e.shared and e.n_ctx >= n_ctx]
+        return [k for _, k in sorted(found)]
+
     def _attach(self, key: str) -> ServerInfo | None:
-        with registry.locked() as data:
+        reg = self._registry
+        with reg.locked() as data:
             entry = data.get(key)
             if entry is None:
                 return None
-            if not registry.server_alive(entry):
-                data.pop(key)
+            if not reg.server_alive(entry):
+                del data[key]  # dead, or its pid now runs another program: only the entry goes
                 return None
         info = _info(key, entry)
         try:
-            props = read_props(info.address, healthy=True)
+            props = self._health.props(info.address, healthy=True)
         except (httpx.HTTPError, ValueError) as exc:
-            if not _still_registered(key, entry):
+            if not self._still_registered(key, entry):
                 return None  # stopped while we asked (its last lease ended; every stop unregisters first): start afresh
             # Our server (pid, start time and alias match) but it does not answer: starting another one here
             # would overwrite its entry and orphan it. Say so instead.
@@ -379,34 +388,32 @@ class ServerManager:
             return None  # the address answers, but not as our server
         info.props = props
         info.n_ctx = props_n_ctx(props) or info.n_ctx
-        if not self._add_lease(key):
+        if not self._add_lease(key, entry):
             return None  # stopped meanwhile (evicted to make room): start afresh
         return info
 
-    def _add_lease(self, key: str) -> bool:
-        me = os.getpid()
-        with registry.locked() as data:
+    def _still_registered(self, key: str, entry: registry.Entry) -> bool:
+        """Whether ``key`` still names the server of ``entry`` and that server still runs."""
+        now = self._registry.read().get(key)
+        return now is not None and now.same_server(entry) and self._registry.server_alive(now)
+
+    def _add_lease(self, key: str, seen: registry.Entry) -> bool:
+        me, ctime = self._my_lease()
+        with self._registry.locked() as data:
             entry = data.get(key)
-            if entry is None:
+            if entry is None or not entry.same_server(seen):
                 return False
-            entry.setdefault("leases", {})[str(me)] = process.create_time(me)
-            entry["idle_since"] = None
-            entry["last_used"] = time.time()
+            data[key] = replace(entry, leases={**entry.leases, me: ctime}, idle_since=None,
+                                last_used=self._clock.time())
             return True
 
     def _start(self, key: str, spec: ServerSpec, binary: Path, *, shared: bool, keep_alive: float,
                start_timeout: float, progress: Progress | None, family: str = "") -> ServerInfo:
-        from . import gguf
-
-        budget = budget_mod
-        caps = discovery.probe(binary)
+        caps = self._installer.capabilities(binary)
         # A file that is not GGUF or is cut short fails here, typed and before anything is spawned.
         header = gguf.read_header(spec.model)
         draft = gguf.read_header(spec.draft_model) if spec.draft_model else None
-        for h in (header, draft):
-            if h is not None:
-                check_cache_type(spec.kv_cache_type, caps, h)
-        speculative_mod.check_type(spec.speculative, caps)
+        spec.check(caps, [h for h in (header, draft) if h is not None])  # each option's own check (server_options)
         why_not = speculative_mod.unsupported(spec.speculative, caps)
         if why_not:
             speculative_mod.warn_once(
@@ -421,16 +428,17 @@ class ServerManager:
         # One admission at a time across processes: evictions, the context and the registration are decided
         # together, so racing processes never both count the same free memory.
         try:
-            admission_lock = budget.admission_lock()
+            admission_lock = self._budget.admission_lock()
             admission_lock.acquire()
         except filelock.Timeout as exc:
             raise ServerTimeoutError(f"another process has been starting a server for {exc.lock_file}'s "
-                                     f"{budget.ADMISSION_TIMEOUT:.0f} s limit; try again") from None
+                                     f"{budget_mod.ADMISSION_TIMEOUT:.0f} s limit; try again") from None
         try:
-            admitted = budget.admit(header, size, requested=spec.n_ctx if spec.n_ctx and spec.n_ctx > 0 else None,
-                                    n_gpu_layers=spec.n_gpu_layers, memory=lambda: fit_memory(binary, workers),
-                                    cache_type=spec.kv_cache_type, draft=draft,
-                                    local_share=local_share(header, spec.n_gpu_layers, workers))
+            admitted = self._budget.admit(
+                header, size, requested=spec.n_ctx if spec.n_ctx and spec.n_ctx > 0 else None,
+                n_gpu_layers=spec.n_gpu_layers, memory=lambda: self._budget.memory(binary, workers),
+                cache_type=spec.kv_cache_type, draft=draft, local_share=local_share(header, spec.n_gpu_layers, workers),
+                reg=self._registry)
             return self._spawn(key, spec, binary, caps, header.pooling_type, admitted, shared=shared,
                                keep_alive=keep_alive, start_timeout=start_timeout, progress=progress,
                                family=family, admission_lock=admission_lock)
@@ -441,7 +449,8 @@ class ServerManager:
     def _spawn(self, key: str, spec: ServerSpec, binary: Path, caps: discovery.ServerCapabilities,
                header_pooling: int | None, admitted: budget_mod.Admission, *, shared: bool, keep_alive: float,
                start_timeout: float, progress: Progress | None, family: str,
-               admission_lock: filelock.BaseFileLock) -> ServerInfo:
+               admission_lock: AdmissionLock) -> ServerInfo:
+        reg = self._registry
         n_ctx = admitted.n_ctx
         run = paths.runtime_dir()
         tag = f"{key[:16]}-{secrets.token_hex(3)}"
@@ -449,7 +458,7 @@ class ServerManager:
         log_path = run / f"{tag}.log"
         api_key_file: Path | None = None
         if spec.port is not None or os.name == "nt":
-            port = spec.port if spec.port and _port_free(spec.port) else _free_port()
+            port = spec.port if spec.port and process.port_is_free(spec.port) else process.free_port()
             api_key = secrets.token_urlsafe(32)
             api_key_file = run / f"{tag}.key"
             fd = os.open(api_key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -461,47 +470,47 @@ class ServerManager:
         argv = build_argv(spec, binary, caps, alias, n_ctx, address, api_key_file, header_pooling=header_pooling)
         with open(log_path, "ab") as log:
             log.write(f"# gguf-provider: {' '.join(argv)}\n".encode())
-        proc = process.spawn(argv, log_path, private=not shared)
-        ctime = process.create_time(proc.pid)
-        entry: registry.Entry = {
-            "pid": proc.pid, "create_time": ctime, "alias": alias, "model": str(spec.model),
-            "socket": address.socket, "url": address.url, "api_key_file": str(api_key_file) if api_key_file else None,
-            "log": str(log_path), "n_ctx": n_ctx, "shared": shared, "keep_alive": keep_alive if shared else 0,
-            "leases": {str(os.getpid()): process.create_time(os.getpid())}, "idle_since": None,
-            "started_at": time.time(), "last_used": time.time(), "binary": str(binary), "family": family,
-            "charge": admitted.charge, "rpc_servers": list(spec.rpc_servers),
-        }
-        with registry.locked() as data:
+        proc = self._launcher.spawn(argv, log_path, private=not shared)
+        me, my_ctime = self._my_lease()
+        now = self._clock.time()
+        entry = registry.Entry(
+            pid=proc.pid, create_time=reg.processes.create_time(proc.pid), alias=alias, model=str(spec.model),
+            socket=address.socket, url=address.url, api_key_file=str(api_key_file) if api_key_file else None,
+            log=str(log_path), n_ctx=n_ctx, shared=shared, keep_alive=keep_alive if shared else 0,
+            leases={me: my_ctime}, idle_since=None, started_at=now, last_used=now, binary=str(binary), family=family,
+            charge=admitted.charge, rpc_servers=tuple(spec.rpc_servers), options=server_options.summary(spec))
+        with reg.locked() as data:
             data[key] = entry
         admission_lock.release()  # registered with its charge: the next admission counts it
         try:
-            process.wait_healthy(proc, proc.pid, address, log_path, timeout=start_timeout, progress=progress)
-            props = read_props(address)
+            self._health.wait_healthy(proc, address, log_path, timeout=start_timeout, progress=progress)
+            props = self._health.props(address)
         except BaseException as exc:
-            with registry.locked() as data:
-                data.pop(key, None)
-            registry.stop_entry(entry)
-            if isinstance(exc, ServerStartError) and spec.rpc_servers:
-                rpc_start_failure(exc, spec.rpc_servers, binary)
-            if isinstance(exc, ServerStartError) and _TRUNCATED in exc.log_tail:
-                line = next(ln for ln in exc.log_tail.splitlines() if _TRUNCATED in ln)
-                raise GGUFFormatError(
-                    f"{spec.model} is truncated or corrupted (llama-server: {line.split('error loading model: ')[-1]})"
-                    f"; download it again (log: {log_path})") from exc
+            with reg.locked() as data:
+                if key in data and data[key].same_server(entry):
+                    del data[key]
+            reg.stop_entry(entry)
+            if isinstance(exc, ServerStartError):
+                typed = diagnose.start_failure(exc, model=spec.model, binary=binary, workers=spec.rpc_servers)
+                if typed is not exc:
+                    raise typed from exc
+            if isinstance(exc, httpx.HTTPError | ValueError):  # healthy, then gone before /props answered
+                raise ServerStartError(
+                    f"llama-server stopped answering right after it became healthy ({type(exc).__name__}: {exc})",
+                    process.log_tail(log_path), log_path) from exc
             raise
         n_eff = props_n_ctx(props) or n_ctx
         if spec.speculative != speculative_mod.OFF and not speculative_mod.unsupported(spec.speculative, caps) \
-                and speculating(address) is False:
+                and self._health.speculating(address) is False:
             speculative_mod.warn_once(
                 f"llama-server started {spec.model.name} without speculative decoding although "
                 f"speculative={speculative_mod.describe(spec.speculative, spec.draft_model)!r} asked for it (it "
                 f"turned it off for this model; see {log_path})", f"{binary}|{spec.model}")
-        with registry.locked() as data:
-            if key in data:
-                data[key]["n_ctx"] = n_eff
-                data[key]["rss"] = budget_mod.rss(proc.pid)
+        with reg.locked() as data:
+            if key in data and data[key].same_server(entry):
+                data[key] = replace(data[key], n_ctx=n_eff, rss=self._budget.rss(proc.pid))
         if shared and keep_alive >= 0:
-            _spawn_watchdog(key, entry)
+            self._launcher.watchdog(key, entry, reg.home)
         info = _info(key, entry)
         info.props, info.n_ctx = props, n_eff
         return info
@@ -516,20 +525,19 @@ class ServerManager:
         self._drop_lease(key)
 
     def _drop_lease(self, key: str) -> None:
-        me = str(os.getpid())
-        with registry.locked() as data:
+        me = str(self._pid)
+        with self._registry.locked() as data:
             entry = data.get(key)
-            if entry is None or me not in entry.get("leases", {}):
+            if entry is None or me not in entry.leases:
                 return  # not (or no longer) ours: e.g. the registry was reset and the key names another server
-            entry["leases"].pop(me)
-            entry["last_used"] = time.time()
-            if entry["leases"]:
+            now = self._clock.time()
+            leases = {pid: ct for pid, ct in entry.leases.items() if pid != me}
+            entry = replace(entry, leases=leases, last_used=now, idle_since=None if leases else now)
+            if leases or entry.keep_alive != 0:
+                data[key] = entry
                 return
-            entry["idle_since"] = time.time()
-            if float(entry.get("keep_alive", 0)) != 0:
-                return
-            data.pop(key)
-        registry.stop_entry(entry)
+            del data[key]
+        self._registry.stop_entry(entry)
 
 
 def local_share(header: GGUFHeader, n_gpu_layers: int | None, workers: Sequence[rpc_mod.WorkerInfo]) -> float:
@@ -542,56 +550,30 @@ def local_share(header: GGUFHeader, n_gpu_layers: int | None, workers: Sequence[
     return 1 - offloaded / n_layer
 
 
-def rpc_start_failure(exc: ServerStartError, workers: Sequence[str], binary: Path) -> None:
-    """Raise the typed error a start with RPC workers failed with, when its log says (else return)."""
-    from ..errors import RPCWorkerUnreachableError
-
-    tail = exc.log_tail
-    if "RPC not supported in this build" in tail or "failed to find RPC backend" in tail:
-        raise ServerStartError(
-            f"{binary} was built without llama.cpp's RPC backend, so it cannot use rpc_servers; "
-            f"`gguf-provider server install` builds one with it (GGML_RPC=ON) beside rpc-server",
-            tail, exc.log_path) from exc
-    for w in workers:
-        if f"Failed to connect to {w}" in tail or f"RPC handshake failed for {w}" in tail:
-            raise RPCWorkerUnreachableError(f"llama-server could not use RPC worker {w} (it stopped answering "
-                                            f"while the server started)", w, tail, exc.log_path) from exc
-
-
-def _compatible(family: str, n_ctx: int, own_key: str) -> list[str]:
-    """Keys of running shared servers of ``family`` whose context is at least ``n_ctx``, smallest context first."""
-    found = [(int(e.get("n_ctx") or 0), k) for k, e in registry.read().items()
-             if k != own_key and e.get("family") == family and e.get("shared", True) and e.get("n_ctx", 0) >= n_ctx]
-    return [k for _, k in sorted(found)]
-
-
 def default_keep_alive() -> float:
     return float(os.environ.get("GGUF_PROVIDER_KEEP_ALIVE", DEFAULT_KEEP_ALIVE))
 
 
-def _still_registered(key: str, entry: registry.Entry) -> bool:
-    """Whether ``key`` still names the server of ``entry`` and that server still runs."""
-    with registry.locked() as data:
-        now = data.get(key)
-    return now is not None and registry.same_server(now, entry) and registry.server_alive(now)
-
-
 def _info(key: str, entry: registry.Entry) -> ServerInfo:
     api_key = None
-    if entry.get("api_key_file"):
-        api_key = Path(entry["api_key_file"]).read_text().strip()
-    address = Address(socket=entry.get("socket"), url=entry.get("url"), api_key=api_key)
-    return ServerInfo(key=key, pid=int(entry["pid"]), create_time=float(entry["create_time"]), alias=entry["alias"],
-                      address=address, log_path=Path(entry["log"]), model=entry["model"], n_ctx=int(entry["n_ctx"]))
+    if entry.api_key_file:
+        try:
+            api_key = Path(entry.api_key_file).read_text().strip()
+        except OSError:
+            pass  # gone: the server refuses us (401), which _attach reports as not answering
+    address = Address(socket=entry.socket, url=entry.url, api_key=api_key)
+    return ServerInfo(key=key, pid=entry.pid, create_time=entry.create_time, alias=entry.alias, address=address,
+                      log_path=Path(entry.log or os.devnull), model=entry.model, n_ctx=entry.n_ctx)
 
 
-def _spawn_watchdog(key: str, entry: registry.Entry) -> None:
+def _spawn_watchdog(key: str, entry: registry.Entry, home: Path) -> None:
     """A detached process that stops the server once its clients are gone and keep_alive ran out.
 
     It gets the entry too: it knows its server even if the registry loses the entry before its first look.
     """
-    env = dict(os.environ, GGUF_PROVIDER_HOME=str(paths.home()))
-    subprocess.Popen([sys.executable, "-m", "gguf_provider.runtime.watchdog", key, json.dumps(entry)], env=env,
+    env = dict(os.environ, GGUF_PROVIDER_HOME=str(home))
+    subprocess.Popen([sys.executable, "-m", "gguf_provider.runtime.watchdog", key, json.dumps(entry.to_json())],
+                     env=env,
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                      start_new_session=True, close_fds=True)
 
@@ -631,5 +613,6 @@ def get_manager() -> ServerManager:
         return _manager
 
 
-__all__ = ["Address", "Lease", "ServerInfo", "ServerManager", "ServerSpec", "ServerStartError", "attach",
-           "build_argv", "get_manager"]
+__all__ = ["EMBED_UBATCH_MAX", "POOLING_NAMES", "Address", "Lease", "ServerInfo", "ServerManager", "ServerSpec",
+           "ServerStartError", "attach", "build_argv", "cache_type_args", "check_cache_type", "embedding_pooling",
+           "get_manager", "user_ubatch"]

@@ -14,6 +14,11 @@ from ..errors import GGUFProviderError
 APP = "gguf-provider"
 
 
+def exe(name: str) -> str:
+    """A program's file name on this OS (``llama-server.exe`` on Windows)."""
+    return name + (".exe" if os.name == "nt" else "")
+
+
 def home() -> Path:
     """``$GGUF_PROVIDER_HOME`` or the user cache dir (``~/.cache/gguf-provider`` on Linux)."""
     env = os.environ.get("GGUF_PROVIDER_HOME")

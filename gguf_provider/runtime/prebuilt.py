@@ -31,6 +31,10 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 
 from ..errors import GGUFProviderError, PrebuiltInstallError
+from . import discovery, process
+from .gguf import read_header
+from .models.local import list_models_dirs
+from .paths import exe
 from .progress import Progress
 
 REPO = "ggml-org/llama.cpp"
@@ -63,10 +67,6 @@ def release_tag() -> str:
 
 def _token() -> str | None:
     return os.environ.get("GITHUB_TOKEN") or os.environ.get("GH_TOKEN") or None
-
-
-def exe(name: str) -> str:
-    return name + (".exe" if host_system() == "windows" else "")
 
 
 # --- which asset -------------------------------------------------------------------------------------------------
@@ -285,7 +285,7 @@ def download(client: httpx.Client, asset: Asset, dest: Path, progress: Progress 
     if not asset.digest:
         raise PrebuiltInstallError(f"the release publishes no sha256 digest for {asset.name}, so it cannot be "
                                    "verified", "no-digest")
-    from huggingface_hub.utils.tqdm import tqdm as hf_tqdm
+    from huggingface_hub.utils.tqdm import tqdm as hf_tqdm  # imported here: huggingface_hub is slow to import
 
     part = dest / f"{asset.name}.part"
     sha = hashlib.sha256()
@@ -447,16 +447,12 @@ def smoke_version(server: Path) -> str:
     text = (out.stdout + out.stderr).strip()
     if out.returncode != 0:
         raise PrebuiltInstallError(f"{server.name} --version failed: {_death(out.returncode, text)}", "smoke")
-    m = re.search(r"version:\s*(.+)", text)
-    return m.group(1).strip() if m else (text.splitlines() or ["?"])[0]
+    return discovery.parse_version(text, "?")
 
 
 def smallest_model(limit: int = SMOKE_MODEL_LIMIT) -> Path | None:
     """The smallest model in the models dirs (up to ``limit`` bytes) whose GGUF header reads, neither a projector
     nor an encoder (:data:`SMOKE_SKIP_ARCHS`)."""
-    from .gguf import read_header
-    from .models.local import list_models_dirs
-
     try:
         models = sorted(list_models_dirs(), key=lambda m: m.size_bytes)
     except (OSError, GGUFProviderError):
@@ -472,44 +468,31 @@ def smallest_model(limit: int = SMOKE_MODEL_LIMIT) -> Path | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def smoke_start(server: Path, model: Path, log_path: Path, timeout: float = SMOKE_START_TIMEOUT) -> float:
     """Start ``server`` on ``model`` (context 256, loopback) until ``/health`` answers 200; seconds it took."""
-    from .process import clean_env, stop_child
-
-    port = _free_port()
+    port = process.free_port()
     argv = [str(server), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", "256"]
     t0 = time.monotonic()
     with open(log_path, "wb") as log:
         try:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=clean_env())
+                                    env=process.clean_env())
         except OSError as exc:
             raise PrebuiltInstallError(f"{server.name} could not start ({exc})", "smoke") from None
         try:
-            with httpx.Client(timeout=2.0) as client:
-                while time.monotonic() - t0 < timeout:
-                    rc = proc.poll()
-                    if rc is not None:
-                        text = log_path.read_text(errors="replace")
-                        raise PrebuiltInstallError(f"{server.name} died loading {model.name}: {_death(rc, text)}",
-                                                   "smoke")
-                    try:
-                        if client.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                            return time.monotonic() - t0
-                    except httpx.TransportError:
-                        pass
-                    time.sleep(0.1)
-            raise PrebuiltInstallError(f"{server.name} did not become healthy on {model.name} within {timeout:.0f} s",
-                                       "smoke")
+            outcome = process.poll_health(process.Address(url=f"http://127.0.0.1:{port}"), timeout=timeout,
+                                          exited=lambda: proc.poll() is not None)
+            took = time.monotonic() - t0
         finally:
-            stop_child(proc)
+            process.stop_child(proc)
+    if outcome == "exited":
+        text = log_path.read_text(errors="replace")
+        raise PrebuiltInstallError(f"{server.name} died loading {model.name}: {_death(proc.returncode, text)}",
+                                   "smoke")
+    if outcome == "timeout":
+        raise PrebuiltInstallError(f"{server.name} did not become healthy on {model.name} within {timeout:.0f} s",
+                                   "smoke")
+    return took
 
 
 @dataclass(frozen=True)
@@ -523,12 +506,10 @@ class SmokeResult:
 def smoke(bin_dir: Path, log_path: Path, model: Path | None) -> SmokeResult:
     """``--version``, the ``--help`` flag probe, then a start on ``model`` (if any): a binary built for another
     CPU, lacking a shared library or unable to load a model dies here, in staging, never in front of a user."""
-    from .discovery import probe_uncached
-
     server = bin_dir / exe("llama-server")
     version = smoke_version(server)
     try:
-        caps = probe_uncached(server)
+        caps = discovery.probe_uncached(server)
     except GGUFProviderError as exc:
         raise PrebuiltInstallError(f"the --help probe failed: {exc}", "smoke") from None
     start_s = smoke_start(server, model, log_path) if model is not None else None

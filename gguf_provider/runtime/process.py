@@ -1,4 +1,4 @@
-"""Low-level llama-server process control: command line, environment, spawn, health wait, identity, stop."""
+"""Low-level llama-server process control: environment, ports, spawn, health wait, identity, stop."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import ctypes
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -13,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Protocol
 
 import httpx
 import psutil
@@ -79,6 +80,23 @@ def log_tail(path: Path | None, lines: int = LOG_TAIL_LINES) -> str:
     except OSError:
         return ""
     return "\n".join(data.splitlines()[-lines:])
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_is_free(port: int) -> bool:
+    """True when ``port`` on loopback can be bound now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 # --- spawning --------------------------------------------------------------------------------------------------
@@ -153,36 +171,57 @@ def spawn(argv: list[str], log_path: Path, *, private: bool) -> subprocess.Popen
         log.close()
 
 
-def wait_healthy(proc: subprocess.Popen[bytes] | None, pid: int, address: Address, log_path: Path, *,
-                 timeout: float, progress: Progress | None = None) -> None:
-    """Poll ``/health`` until 200; raise ServerStartError with the log tail if the process exits or time runs out."""
+HealthOutcome = Literal["healthy", "exited", "timeout"]
+
+
+def poll_health(address: Address, *, timeout: float, exited: Callable[[], bool],
+                waiting: Callable[[float], None] | None = None) -> HealthOutcome:
+    """Poll ``/health`` until it answers 200, ``exited()`` says the server is gone, or ``timeout`` seconds pass.
+    ``waiting`` gets the seconds waited so far after each try. The caller turns the outcome into its own error."""
     start = time.monotonic()
     delay = 0.02
-    if progress is not None:
-        progress("loading", 0, 0)
     with address.client(timeout=2.0) as client:
         while True:
-            if proc is not None and proc.poll() is not None:
-                raise ServerStartError(
-                    f"llama-server exited with code {proc.returncode} while starting. Check the model file and the "
-                    f"server arguments", log_tail(log_path), log_path)
-            if proc is None and not psutil.pid_exists(pid):
-                raise ServerStartError("llama-server exited while starting", log_tail(log_path), log_path)
+            if exited():
+                return "exited"
             try:
-                r = client.get("/health")
-                if r.status_code == 200:
-                    return
+                if client.get("/health").status_code == 200:
+                    return "healthy"
             except httpx.TransportError:
                 pass
             elapsed = time.monotonic() - start
-            if progress is not None:
-                progress("loading", int(elapsed * 1000), 0)
+            if waiting is not None:
+                waiting(elapsed)
             if elapsed > timeout:
-                raise ServerStartError(
-                    f"llama-server did not become healthy within {timeout:.0f} s (raise start_timeout for big "
-                    f"models)", log_tail(log_path), log_path)
+                return "timeout"
             time.sleep(delay)
             delay = min(delay * 1.5, 0.05)  # a slower poll showed up as cold-start latency (bench P3)
+
+
+def wait_healthy(proc: subprocess.Popen[bytes] | None, pid: int, address: Address, log_path: Path, *,
+                 timeout: float, progress: Progress | None = None) -> None:
+    """Poll ``/health`` until 200; raise ServerStartError with the log tail if the process exits or time runs out."""
+    if progress is not None:
+        progress("loading", 0, 0)
+
+    def exited() -> bool:
+        return proc.poll() is not None if proc is not None else not psutil.pid_exists(pid)
+
+    def waiting(elapsed: float) -> None:
+        if progress is not None:
+            progress("loading", int(elapsed * 1000), 0)
+
+    outcome = poll_health(address, timeout=timeout, exited=exited, waiting=waiting)
+    if outcome == "exited" and proc is not None:
+        raise ServerStartError(
+            f"llama-server exited with code {proc.returncode} while starting. Check the model file and the "
+            f"server arguments", log_tail(log_path), log_path)
+    if outcome == "exited":
+        raise ServerStartError("llama-server exited while starting", log_tail(log_path), log_path)
+    if outcome == "timeout":
+        raise ServerStartError(
+            f"llama-server did not become healthy within {timeout:.0f} s (raise start_timeout for big "
+            f"models)", log_tail(log_path), log_path)
 
 
 # --- identity and stopping ---------------------------------------------------------------------------------------
@@ -207,15 +246,26 @@ def create_time(pid: int) -> float:
     return float(psutil.Process(pid).create_time())
 
 
+class _Stoppable(Protocol):  # subprocess.Popen and psutil.Process both
+    def terminate(self) -> None: ...
+    def kill(self) -> None: ...
+    def wait(self, timeout: float | None = None) -> Any: ...
+
+
+def _terminate(proc: _Stoppable, expired: type[Exception], grace: float) -> None:
+    """SIGTERM, then SIGKILL when it has not exited after ``grace`` s (``expired``: the wait's timeout error)."""
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except expired:
+        proc.kill()
+        proc.wait(grace)
+
+
 def stop_child(proc: subprocess.Popen[Any], grace: float = 10.0) -> None:
     """Stop a child this process started and still holds (SIGTERM, then SIGKILL after ``grace`` s), and reap it."""
     if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(grace)
+        _terminate(proc, subprocess.TimeoutExpired, grace)
 
 
 def stop_process(pid: int, ctime: float, marker: str, *, grace: float = 5.0) -> bool:
@@ -223,13 +273,7 @@ def stop_process(pid: int, ctime: float, marker: str, *, grace: float = 5.0) -> 
     if not process_matches(pid, ctime, marker):
         return not psutil.pid_exists(pid) or not process_matches(pid, ctime)
     try:
-        p = psutil.Process(pid)
-        p.terminate()
-        try:
-            p.wait(grace)
-        except psutil.TimeoutExpired:
-            p.kill()
-            p.wait(grace)
+        _terminate(psutil.Process(pid), psutil.TimeoutExpired, grace)
     except psutil.NoSuchProcess:
         pass
     except psutil.Error:

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import RPCWorkerUnreachableError
-from . import install
+from . import installed
+from .paths import exe
 
 DEFAULT_PORT = 50052
 PROTO_MAJOR = 7  # the pinned source's RPC_PROTO_MAJOR_VERSION
@@ -172,14 +173,14 @@ def find_rpc_server(llama_server: Path | None = None) -> Path | None:
     """The RPC worker binary beside ``llama-server`` (our install keeps both), else our newest install's, else on
     PATH; under either of its names."""
     dirs = [llama_server.parent] if llama_server else []
-    inst = install.any_installed()
+    inst = installed.any_installed()
     if inst is not None:
         dirs.append(inst.bin_dir)
     for d in dirs:
         for name in NAMES:
-            if (d / install.exe(name)).is_file():
-                return d / install.exe(name)
-    found = next((w for w in map(shutil.which, map(install.exe, NAMES)) if w), None)
+            if (d / exe(name)).is_file():
+                return d / exe(name)
+    found = next((w for w in map(shutil.which, map(exe, NAMES)) if w), None)
     return Path(found) if found else None
 
 

@@ -69,8 +69,9 @@ def test_cli_serve_ps_stop(smollm2_path: Path) -> None:
         assert row["pid"] > 0 and row["ctx"] == 1024 and row["rss"] > 0 and row["leases"] == 1
         assert row["idle_s"] >= 0 and row["shared"] is True
         assert httpx.get(f"{url}/v1/models", timeout=5).status_code == 401
-        entry = next(e for e in registry.read().values() if e.get("url") == url)
-        key = Path(entry["api_key_file"]).read_text().strip()
+        entry = next(e for e in registry.read().values() if e.url == url)
+        assert entry.api_key_file
+        key = Path(entry.api_key_file).read_text().strip()
         assert httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=5).status_code == 200
         stop = subprocess.run([*CLI, "stop", row["id"]], capture_output=True, text=True, check=True)
         assert f"stopped pid {row['pid']}" in stop.stdout

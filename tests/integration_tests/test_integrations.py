@@ -5,6 +5,7 @@ Each must print its result and leave no llama-server behind (they run with keep_
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -74,17 +75,30 @@ def test_langchain_chat_script() -> None:
 
 
 def test_langchain_agent_script() -> None:
-    out, env = _run("langchain_agent.py")
-    assert "tool call get_weather({'city': 'Paris'})" in out, out
-    answer = out.split("> What's the weather like in Paris right now?", 1)[1]
-    assert "sunny" in answer.rsplit("[step", 1)[-1].lower(), out
+    """--require-tool: the first step's call is constrained, so it happens on any CPU; the city and the answer's
+    words are the model's, so the output is checked for its structure: each call's line shows the tool's own
+    result for its arguments, and the run ends with a text answer that is no call written as text."""
+    from gguf_provider.tools import heal_tool_calls
+
+    out, env = _run("langchain_agent.py", "--require-tool")
+    calls = re.findall(r"^\[step (\d+)\] tool call (\w+)\((\{.*\})\) -> (.*)$", out, re.M)
+    assert calls and calls[0][0] == "1" and all(name == "get_weather" for _, name, _, _ in calls), out
+    for _, _, args, result in calls:
+        city = ast.literal_eval(args)["city"]
+        assert isinstance(city, str) and result == f"It is sunny and 21 degrees Celsius in {city}.", out
+    m = re.search(r"\n\n(.*)\n\n\[(\d+) tool call\(s\), \d+ messages\]\n*$", out, re.S)
+    assert m and int(m.group(2)) == len(calls), out
+    answer = m.group(1).rsplit("[step", 1)[-1].split("\n", 1)[-1]
+    assert answer.strip() and heal_tool_calls(answer, {"get_weather"}) is None, out
     _assert_no_server_left(out, env)
 
 
 def test_langchain_structured_script() -> None:
+    """json_schema (the default method): the grammar guarantees the keys and their types; the values are the
+    model's reading of the text, which differs between CPUs."""
     out, env = _run("langchain_structured.py")
     data = json.loads(out[out.index("{"):out.rindex("}") + 1])
-    assert data == {"name": "Alice", "age": 31, "job": "marine biologist", "city": "Lyon"}
+    assert {k: type(v) for k, v in data.items()} == {"name": str, "age": int, "job": str, "city": str}, data
     assert "tokens/s" in out
     _assert_no_server_left(out, env)
 
@@ -111,9 +125,17 @@ def _assert_no_script_server(env: dict[str, str]) -> None:
 
 
 def test_llamaindex_agent_script() -> None:
+    """The first step's call is constrained (initial_tool_choice), so it happens on any CPU; the fruit it names is
+    the model's: the tool's line and the final answer (return_direct) are the tool's own output for it."""
+    from integrations.llamaindex_agent import fruit_price
+
     out, env = _run("llamaindex_agent.py")
-    assert "[call] fruit_price({'fruit': 'cherries'})" in out, out
-    assert "-> cherries: 4.00 EUR per kg" in out and "final answer:" in out, out
+    m = re.search(r"^\[call\] fruit_price\((\{.*\})\)$", out, re.M)
+    assert m, out
+    fruit = ast.literal_eval(m.group(1))["fruit"]
+    assert isinstance(fruit, str), out
+    assert f"[tool] fruit_price({m.group(1)}) -> {fruit_price(fruit)}" in out, out
+    assert out.rstrip().endswith(f"final answer: {fruit_price(fruit)}"), out
     _assert_no_script_server(env)
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import psutil
 import pytest
 
+from gguf_provider.errors import BinaryNotFoundError
 from gguf_provider.runtime import discovery, install, paths, prebuilt
 from tests.support.llama_releases import (
     ReleasesServer,
@@ -54,7 +55,7 @@ COMPILERS = ("cmake", "ninja", "make", "cc", "c++", "gcc", "g++", "clang", "clan
 @pytest.fixture(scope="session")
 def built_bin() -> Path:
     """The directory of our real llama-server build (and its tools), found before any test moves the home."""
-    return discovery.find_llama_server(auto_install=False).parent
+    return discovery.find_llama_server().parent
 
 
 @pytest.fixture(scope="session")
@@ -195,8 +196,8 @@ def test_install_from_the_mirror_in_seconds_without_a_compiler_then_serve(
 
 def test_first_use_installs_the_archive(mirror: Callable[..., ReleasesServer], home: Path, tmp_path: Path,
                                         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """No llama-server anywhere: the first find_llama_server() installs the archive (auto), saying so in one line.
-    The source build is replaced by a test failure: it must not be reached."""
+    """No llama-server anywhere: the first ensure_installed() (a model's first start) installs the archive (auto),
+    saying so in one line. The source build is replaced by a test failure: it must not be reached."""
     srv = mirror()
     monkeypatch.setenv("GGUF_PROVIDER_LLAMA_RELEASES_URL", srv.base_url)
     monkeypatch.setenv("GGUF_PROVIDER_AUTO_INSTALL", "1")
@@ -205,7 +206,10 @@ def test_first_use_installs_the_archive(mirror: Callable[..., ReleasesServer], h
     for var in ("GGUF_PROVIDER_LLAMA_SERVER", "LLAMA_SERVER_PATH"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(install, "build_from_source", lambda *a, **k: pytest.fail("the source build was reached"))
-    server = discovery.find_llama_server()
+    with pytest.raises(BinaryNotFoundError):
+        discovery.find_llama_server()  # finding never installs
+    assert srv.requests == []
+    server = install.ensure_installed()
     assert server == install.prebuilt_dir(TAG, "cpu") / "llama-server"
     assert "no llama-server found: installing one now (from auto" in capsys.readouterr().err
     assert discovery.find_llama_server() == server and len(srv.requests) == 3  # found now: nothing fetched again

@@ -71,7 +71,7 @@ def test_kill9_of_private_server_owner_kills_server_within_2s(rt: RuntimeEnv) ->
     print(f"private server gone {time.monotonic() - t0:.2f} s after kill -9 of its owner")
     c.proc.wait(5)
     removed = registry.sweep()  # its stale entry goes with the next sweep
-    assert [e["pid"] for e in removed] == [r["server_pid"]]
+    assert [e.pid for e in removed] == [r["server_pid"]]
     assert rt.registry() == {}
 
 
@@ -102,12 +102,13 @@ def test_foreign_server_survives_sweeps_and_stop_all(rt: RuntimeEnv) -> None:
             base: dict[str, Any] = {"model": str(rt.model), "socket": str(sock), "url": None, "api_key_file": None,
                     "log": "/dev/null", "n_ctx": 512, "shared": True, "keep_alive": 0, "leases": {},
                     "idle_since": 0.0}
-            data["forged-alias"] = {**base, "pid": foreign.pid, "create_time": fctime, "alias": "gguf-provider-x"}
-            data["forged-time"] = {**base, "pid": foreign.pid, "create_time": fctime - 100,
-                                   "alias": "foreign-server"}
+            data["forged-alias"] = registry.Entry(**{**base, "pid": foreign.pid, "create_time": fctime,
+                                                      "alias": "gguf-provider-x"})
+            data["forged-time"] = registry.Entry(**{**base, "pid": foreign.pid, "create_time": fctime - 100,
+                                                     "alias": "foreign-server"})
 
         removed = registry.sweep()
-        assert {e["pid"] for e in removed} == {foreign.pid}  # the forged entries are dropped ...
+        assert {e.pid for e in removed} == {foreign.pid}  # the forged entries are dropped ...
         assert healthy() and foreign.poll() is None  # ... but the process is not touched
         assert pid_alive(r["server_pid"])
 

@@ -71,12 +71,14 @@ def test_auto_speculates_and_both_adapters_report_drafted_tokens(rt: RuntimeEnv,
         assert li.engine.info.pid == auto.engine.info.pid
         assert last.raw["timings"]["draft_n_accepted"] > 0
         li.engine.unload()
-        # Off: another server, no speculation flags, no drafts; greedy decoding gives the same text.
+        # Off: another server, no speculation flags, no drafts. (Its greedy text is not compared with the
+        # speculating server's: checking drafts in a batch rounds differently from one token at a time, so a
+        # near-tie can go the other way on another CPU.)
         plain = off.invoke(PROMPT)
         assert off.engine.info.pid != auto.engine.info.pid
         assert not [a for a in _argv(off.engine) if a.startswith("--spec")] and not _slots_speculate(off.engine)
         assert "draft_n" not in plain.response_metadata["timings"]
-        assert plain.content == reply.content
+        assert str(plain.content).strip()
     finally:
         auto.engine.unload()
         off.engine.unload()

@@ -33,10 +33,11 @@ CELLS = [
     ("md", "The retriever alone: the closest passage and its cosine similarity."),
     ("code", 'hit = index.as_retriever(similarity_top_k=1).retrieve("Which planet is the biggest one orbiting '
              'our Sun?")[0]\nprint(f"{hit.score:.3f}", hit.text)'),
-    ("md", "The query engine puts the retrieved passage in the prompt of the chat model."),
+    ("md", "The query engine puts the retrieved passage in the prompt of the chat model; the response keeps it as "
+           "its source."),
     ("code", 'llm = GGUF(model="Qwen2.5-Coder-0.5B-Instruct", temperature=0, n_ctx=2048)\n'
              'answer = index.as_query_engine(llm=llm, similarity_top_k=1).query("What makes sourdough bread '
-             'rise?")\nprint(answer)'),
+             'rise?")\nprint(answer)\nprint("source:", answer.source_nodes[0].text)'),
     ("code", "llm.unload()\nSettings.embed_model.unload()"),
 ]
 

@@ -107,9 +107,10 @@ class RuntimeEnv:
         return c
 
     def registry(self) -> dict[str, Any]:
+        """The registry's entries as its file stores them (JSON)."""
         from gguf_provider.runtime import registry
 
-        return registry.read()
+        return {key: entry.to_json() for key, entry in registry.read().items()}
 
     def servers(self, alias: str | None = None) -> list[psutil.Process]:
         """Live llama-server processes of this test (socket or key file in our runtime dir), optionally only those

@@ -66,7 +66,7 @@ class _FakeMachine:
         monkeypatch.setattr(budget, "_wait_freed", lambda h: None)
         monkeypatch.setattr(budget, "stop_idle", self.stop)
 
-    def stop(self, key: str) -> bool:
+    def stop(self, key: str, *, reg: object = None) -> bool:
         h = next(h for h in self.running if h.key == key)
         if h.holders:
             return False

@@ -1,67 +1,33 @@
-"""The layers point one way (docs/architecture.md): runtime → client/events → engine → chat → options → adapters.
+"""The layers point one way and nothing imports in a circle.
 
-Read from the source with ``ast``: a module may import its own layer and those below it, never one above, and
-``runtime/`` imports no framework.
+The contracts live in pyproject.toml's ``[tool.importlinter]`` (the package's layers, the runtime's own order, no
+framework in ``runtime/``, no cycle between the modules of a package); ``make lint`` and ``make test`` run them
+with import-linter's ``lint-imports``, and this test runs it too so ``make unit`` checks them. What import-linter
+has no contract for is checked here from its import graph: a module importing its own package while that package
+imports it.
 """
 
 from __future__ import annotations
 
-import ast
+import subprocess
+import sys
 from pathlib import Path
 
-import pytest
+import grimp
 
-PKG = Path(__file__).resolve().parents[2] / "gguf_provider"
-
-# Lower number = lower layer. A module imports only modules of a layer <= its own.
-LAYERS = {"errors": 0, "tools": 0, "loops": 0, "runtime": 1, "events": 2, "client": 2, "media": 2.5, "engine": 3,
-          "chat": 4, "status": 4,
-          "options": 5, "langchain": 6, "llama_index": 6, "jupyter": 6, "magics": 6, "cli": 6, "__init__": 7}
-FRAMEWORKS = ("langchain_core", "langchain", "llama_index", "IPython", "pydantic", "ipywidgets")
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def _layer(parts: tuple[str, ...]) -> int:
-    return LAYERS[parts[0].removesuffix(".py")]
+def test_import_contracts_are_kept() -> None:
+    lint = Path(sys.executable).with_name("lint-imports")
+    out = subprocess.run([str(lint), "--no-cache", str(ROOT / "pyproject.toml")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
-def _imports(path: Path) -> list[tuple[str, int]]:
-    """(absolute dotted module, line) of every import in ``path``, relative imports resolved."""
-    package = path.relative_to(PKG.parent).with_suffix("").parts[:-1]
-    out = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out += [(a.name, node.lineno) for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = package[:len(package) - node.level + 1] if node.level else ()
-            module = ".".join((*base, node.module)) if node.module else ".".join(base)
-            out.append((module, node.lineno))
-            if not node.module:  # from . import x: each name may be a module
-                out += [(f"{module}.{a.name}", node.lineno) for a in node.names]
-    return out
-
-
-SOURCES = sorted(p for p in PKG.rglob("*.py"))
-
-
-@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PKG)))
-def test_imports_point_down(path: Path) -> None:
-    rel = path.relative_to(PKG).parts
-    own = _layer(rel)
-    for module, line in _imports(path):
-        parts = module.split(".")
-        if parts[0] != "gguf_provider" or len(parts) == 1:
-            continue
-        if parts[1] not in {p.removesuffix(".py") for p in LAYERS}:
-            continue
-        assert _layer(tuple(parts[1:])) <= own, f"{path.relative_to(PKG)}:{line} imports {module} (a layer above)"
-
-
-@pytest.mark.parametrize("path", sorted((PKG / "runtime").rglob("*.py")), ids=lambda p: p.name)
-def test_runtime_imports_no_framework(path: Path) -> None:
-    for module, line in _imports(path):
-        assert module.split(".")[0] not in FRAMEWORKS, f"runtime/{path.name}:{line} imports {module}"
-
-
-def test_every_module_has_a_layer() -> None:
-    tops = {p.relative_to(PKG).parts[0].removesuffix(".py") for p in SOURCES}
-    assert tops <= set(LAYERS), sorted(tops - set(LAYERS))
+def test_no_import_cycle_anywhere() -> None:
+    """Every direct import ``a -> b`` with no way back from ``b`` to ``a``, packages' ``__init__`` included."""
+    graph = grimp.build_graph("gguf_provider", cache_dir=None)
+    back = sorted((a, b) for a in graph.modules for b in graph.find_modules_directly_imported_by(a)
+                  if graph.chain_exists(importer=b, imported=a))
+    assert back == [], f"imports that are part of a cycle: {back}"

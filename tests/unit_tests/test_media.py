@@ -14,7 +14,7 @@ from langchain_core.messages import HumanMessage
 from llama_index.core.base.llms.types import ChatMessage, ImageBlock, TextBlock
 
 from gguf_provider import ChatGGUF, MediaFetchError, UnsupportedInputError, media
-from gguf_provider.engine import _char_bound, _template_payload
+from gguf_provider.limits import char_bound, template_payload
 from gguf_provider.llama_index import GGUF
 from tests.support.replay import BASE_URL, Replay, load_replay
 
@@ -188,8 +188,8 @@ def test_prepare_fetches_each_url_once_and_keeps_the_rest() -> None:
 def test_counting_leaves_media_out() -> None:
     big = "data:image/png;base64," + "A" * 5_000_000
     payload = {"messages": _user(_image(big), {"type": "input_audio", "input_audio": {"data": "A" * 1000}})}
-    assert _char_bound(payload) < 512 + 200 + 2 * media.MEDIA_PART_BOUND
-    assert _template_payload(payload)["messages"] == [{"role": "user", "content": [
+    assert char_bound(payload) < 512 + 200 + 2 * media.MEDIA_PART_BOUND
+    assert template_payload(payload)["messages"] == [{"role": "user", "content": [
         {"type": "text", "text": "What is this?"}]}]
     only_image = [{"role": "user", "content": [_image(big)]}]
     assert media.text_only(only_image) == [{"role": "user", "content": ""}]

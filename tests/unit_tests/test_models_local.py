@@ -11,8 +11,16 @@ import pytest
 
 from gguf_provider.errors import MissingShardError, ModelNotFoundError, UnknownQuantError
 from gguf_provider.runtime import models
-from gguf_provider.runtime.models import list_local_models, parse_quant, quant_matches, resolve_model
-from tests.support.gguf_bytes import STANDINS
+from gguf_provider.runtime.models import (
+    ModelRef,
+    list_local_models,
+    parse_quant,
+    pull,
+    quant_matches,
+    resolve,
+    resolve_model,
+)
+from tests.support.gguf_bytes import STANDINS, StandIn
 
 
 @pytest.fixture(scope="session")
@@ -203,3 +211,38 @@ def test_spec_conflicts(home: Path) -> None:
         resolve_model("org/repo", repo="org/other")
     with pytest.raises(ModelNotFoundError, match="no model given"):
         resolve_model()
+
+
+# --- a ModelRef in one pass --------------------------------------------------------------------------------------
+
+
+def test_a_model_ref_resolves_its_model_projector_and_draft(home: Path, tmp_path: Path, model_file: Path) -> None:
+    model = _link(model_file, tmp_path / "v" / "model-Q4_1.gguf")
+    proj = StandIn("elsewhere/mmproj-x-f16.gguf", 0, {"general.architecture": "clip"}).write(tmp_path)
+    found = resolve(ModelRef(str(model), mmproj=str(proj), vision=True, draft=str(model_file)))
+    assert (found.model.path, found.model.mmproj, found.model.source) == (model, proj, "path")
+    assert found.draft is not None and found.draft.path == model_file
+    assert resolve(ModelRef(str(model))).draft is None
+    # model_path is used instead of model/repo/quant, as given
+    assert resolve(ModelRef("org/repo", quant="Q8_0", model_path=str(model))).model.path == model
+
+
+def test_an_explicit_projector_is_checked_before_the_model_is_looked_for(home: Path, model_file: Path) -> None:
+    with pytest.raises(ModelNotFoundError, match="no multimodal projector"):
+        resolve(ModelRef("no-such-model", mmproj=str(model_file)))
+
+
+def test_a_draft_that_names_nothing_says_what_speculative_takes(home: Path, model_file: Path) -> None:
+    with pytest.raises(ModelNotFoundError, match=r"speculative='ngarm' names no draft model: no model named"):
+        resolve(ModelRef(str(model_file), draft="ngarm"))
+
+
+def test_pull_refuses_a_local_model_and_offline_mode(home: Path, model_file: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ModelNotFoundError, match=r"pull needs a Hugging Face repo .*names a local model"):
+        pull(str(model_file))
+    with pytest.raises(ModelNotFoundError, match="offline=True"):
+        pull(ModelRef("org/repo", offline=True))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelNotFoundError, match="HF_HUB_OFFLINE=1"):
+        pull("org/repo")

@@ -412,6 +412,16 @@ def test_smoke_version_reads_the_version_line(tmp_path: Path) -> None:
     assert prebuilt.smoke_version(server) == "11312 (0c1e5709)"
 
 
+def test_the_source_build_reads_its_version_the_same_way(tmp_path: Path) -> None:
+    """The source build's `--version` check is the prebuilt one, as a BuildError naming the log, its version
+    tagged with the source pin."""
+    server = _script(tmp_path / "llama-server", "echo 'version: 1 (abc)' >&2\n")
+    assert install.smoke_test(server, tmp_path / "build.log") == f"1 (abc) [{install.SOURCE_PIN}]"
+    with pytest.raises(BuildError, match="killed by SIGILL") as err:
+        install.smoke_test(_script(tmp_path / "llama-server", "kill -ILL $$\n"), tmp_path / "build.log")
+    assert err.value.log_path == tmp_path / "build.log"
+
+
 def test_smoke_start_reports_a_death_while_loading(tmp_path: Path) -> None:
     server = _script(tmp_path / "llama-server", "echo loading; kill -ILL $$\n")
     with pytest.raises(PrebuiltInstallError, match="died loading m.gguf: killed by SIGILL") as err:
@@ -674,10 +684,23 @@ def test_first_use_installs(nothing_found: None, monkeypatch: pytest.MonkeyPatch
         return install.Installation("cpu", server.parent, "1")
 
     monkeypatch.setattr(install, "install", fake_install)
-    assert discovery.find_llama_server() == server and asked == [method]
+    with pytest.raises(BinaryNotFoundError, match="prebuilt archive in seconds"):
+        discovery.find_llama_server()  # finding never installs, whatever the setting
+    assert asked == [] and capsys.readouterr().err == ""
+    assert install.ensure_installed() == server and asked == [method]
     assert f"no llama-server found: installing one now (from {method}" in capsys.readouterr().err
     with pytest.raises(BinaryNotFoundError):
-        discovery.find_llama_server(auto_install=False)
+        install.ensure_installed(auto_install=False)
+
+
+def test_ensure_installed_finds_before_it_installs(nothing_found: None, monkeypatch: pytest.MonkeyPatch,
+                                                  tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "mine").mkdir()
+    server = _script(tmp_path / "mine" / "llama-server", "")
+    monkeypatch.setattr(install, "install", lambda *a, **k: pytest.fail("found: nothing to install"))
+    assert install.ensure_installed(server) == server
+    monkeypatch.setenv("GGUF_PROVIDER_LLAMA_SERVER", str(server))
+    assert install.ensure_installed() == server and capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("value", ["0", "off", "no"])
@@ -686,7 +709,7 @@ def test_first_use_install_can_be_turned_off(nothing_found: None, monkeypatch: p
     monkeypatch.setenv("GGUF_PROVIDER_AUTO_INSTALL", value)
     monkeypatch.setattr(install, "install", lambda *a, **k: pytest.fail("turned off"))
     with pytest.raises(BinaryNotFoundError, match="prebuilt archive in seconds"):
-        discovery.find_llama_server()
+        install.ensure_installed()
     monkeypatch.setenv("GGUF_PROVIDER_AUTO_INSTALL", "maybe")
     with pytest.raises(ValueError, match="GGUF_PROVIDER_AUTO_INSTALL"):
-        discovery.find_llama_server()
+        install.ensure_installed()

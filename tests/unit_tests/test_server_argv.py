@@ -226,3 +226,103 @@ def test_speculation_and_cache_type_are_part_of_the_server_identity(tmp_path: Pa
     assert len(families) == 5  # each setting is another server
     # the context alone does not change the family (a larger server of the same family is shared)
     assert ServerSpec(model=model, speculative="auto", n_ctx=2048).family(binary) == base.family(binary)
+
+
+# --- each server option declared once (runtime/server_options.py) ------------------------------------------------
+
+
+def test_the_typed_fields_agree_with_the_declarations() -> None:
+    """EngineConfig and ServerSpec carry a field per declared option (mypy reads fields, not the table), with the
+    declared default; ServerSpec holds a resolved option as what it resolved to (and a bare spec speculates only
+    when asked)."""
+    import dataclasses
+
+    from gguf_provider.engine import EngineConfig
+    from gguf_provider.runtime import server_options
+
+    config = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+    spec = {f.name: f.default for f in dataclasses.fields(ServerSpec)}
+    for o in server_options.OPTIONS:
+        want = tuple(o.default) if isinstance(o.default, list) else o.default
+        assert o.name in config and config[o.name] == want, o.name
+        if o.name == "vision":
+            assert o.name not in spec  # it resolves to the spec's mmproj
+        elif o.name == "speculative":
+            assert spec[o.name] == "off"
+        else:
+            assert o.name in spec and spec[o.name] == want, o.name
+    assert set(spec) - set(server_options.BY_NAME) == {"model", "shards", "draft_model", "draft_shards"}
+
+
+def test_the_adapters_server_fields_are_made_from_the_declarations() -> None:
+    from gguf_provider import ChatGGUF, GGUFEmbeddings
+    from gguf_provider.runtime import server_options
+
+    for o in server_options.OPTIONS:
+        for cls, has in ((ChatGGUF, o.group in ("server", "chat")),
+                         (GGUFEmbeddings, o.group in ("server", "embedding"))):
+            assert (o.name in cls.model_fields) == has, (cls.__name__, o.name)
+            if has:
+                f = cls.model_fields[o.name]
+                assert f.description == o.description and f.annotation == o.type, o.name
+                assert (f.default_factory() if f.default_factory else f.default) == (  # type: ignore[call-arg]
+                    o.factory() if o.factory else o.default), o.name
+
+
+def test_what_an_option_needs_is_what_the_probe_reads() -> None:
+    from gguf_provider.runtime import discovery, server_options
+
+    needed = {flag for o in server_options.OPTIONS for flag in o.needs}
+    assert needed and needed <= set(discovery.OPTIONAL_FLAGS)
+
+
+def test_a_wrong_value_is_refused_by_the_same_check_everywhere() -> None:
+    from gguf_provider import ChatGGUF
+    from gguf_provider.engine import EngineConfig
+
+    for make in (lambda: EngineConfig(model="m", kv_cache_type="q9_0"), lambda: ChatGGUF(model="m", kv_cache_type="q9_0")):
+        with pytest.raises(ValueError, match="did you mean 'q8_0'"):
+            make()
+    assert EngineConfig(model="m", kv_cache_type=" Q8_0 ").kv_cache_type == "q8_0"
+    assert ChatGGUF(model="m", rpc_servers="h:1, h:2").rpc_servers == ["h:1", "h:2"]
+
+
+def test_the_family_leaves_out_the_context_by_name(tmp_path: Path) -> None:
+    from gguf_provider.runtime import server_options
+
+    model, binary = tmp_path / "m.gguf", tmp_path / "llama-server"
+    model.write_bytes(b"GGUF")
+    binary.write_bytes(b"#!")
+    assert [o.name for o in server_options.OPTIONS if not o.family] == ["n_ctx"]
+    ident = ServerSpec(model=model, n_ctx=1234, n_gpu_layers=5).identity(binary)
+    assert dict(zip([o.name for o in server_options.ARGS], ident["args"], strict=True))["n_ctx"] == 1234
+
+
+def test_the_summary_names_what_differs_from_the_defaults() -> None:
+    from gguf_provider.runtime import server_options
+
+    spec = ServerSpec(model=Path("/m.gguf"), n_ctx=2048, rpc_servers=("h:1",), kv_cache_type="q8_0",
+                      mmproj=Path("/p.gguf"))
+    assert server_options.summary(spec) == {"n_ctx": 2048, "rpc_servers": ["h:1"], "kv_cache_type": "q8_0",
+                                            "mmproj": "/p.gguf"}
+    assert server_options.summary(ServerSpec(model=Path("/m.gguf"))) == {}
+
+
+def test_ps_shows_the_options_the_registry_recorded() -> None:
+    from gguf_provider.runtime import server_options
+    from gguf_provider.runtime.registry import Entry
+    from gguf_provider.status import ServerStatus
+
+    spec = ServerSpec(model=Path("/m.gguf"), n_ctx=2048, rpc_servers=("h:1",), kv_cache_type="q8_0", n_gpu_layers=9)
+    entry = Entry(pid=1, create_time=2.5, alias="gguf-provider-x", socket="/s.sock",
+                  options=server_options.summary(spec))
+    again = Entry.from_json(entry.to_json())
+    assert again is not None and again.options == {"n_ctx": 2048, "n_gpu_layers": 9, "rpc_servers": ["h:1"],
+                                                    "kv_cache_type": "q8_0"}
+    older = entry.to_json()
+    del older["options"]  # an entry written before options were recorded
+    assert Entry.from_json(older) is not None and Entry.from_json(older).options == {}  # type: ignore[union-attr]
+    row = ServerStatus(id="x", pid=1, model="/m.gguf", ctx=2048, address="unix:/s.sock", rss=0, leases=1, idle_s=0,
+                       shared=True, memory=0, charge=0, last_used=0.0, holders=(1,), workers=("h:1",),
+                       options=again.options)
+    assert row.describe_options() == "n_gpu_layers=9 kv_cache_type=q8_0"  # the context and workers have columns

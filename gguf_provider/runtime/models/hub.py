@@ -22,16 +22,8 @@ from ...errors import (
     UnknownQuantError,
 )
 from ..progress import Progress
-from .spec import (
-    LocalModel,
-    ResolvedModel,
-    _group,
-    _is_gguf,
-    _parse_spec,
-    _select,
-    _select_mmproj,
-    human_size,
-)
+from .files import _group, _is_gguf, _select, _select_mmproj, human_size
+from .spec import LocalModel, ModelRef, ResolvedModel, Spec
 
 
 def _free_disk_bytes(path: Path) -> int:
@@ -61,7 +53,8 @@ def _hf_cache(cache_dir: str | os.PathLike[str] | None) -> Path:
     return Path(cache_dir if cache_dir is not None else constants.HF_HUB_CACHE).expanduser()
 
 
-def _is_offline(offline: bool | None) -> bool:
+def is_offline(offline: bool | None) -> bool:
+    """``offline`` if given, else whether ``HF_HUB_OFFLINE`` is on (read at call time too)."""
     if offline is not None:
         return offline
     from huggingface_hub import constants
@@ -234,12 +227,14 @@ def _make_tqdm_class(progress: Progress, total: int, state: dict[str, Any]) -> t
     return _ProgressBar
 
 
-def _resolve_hf(repo: str, *, quant: str | None, filename: str | None, revision: str | None,
-                token: str | bool | None, vision: bool, offline: bool | None, progress: Progress | None,
-                cache_dir: str | os.PathLike[str] | None, force_download: bool = False,
-                allow_cache_fallback: bool = True) -> ResolvedModel:
-    cache = _hf_cache(cache_dir)
-    if _is_offline(offline):
+def resolve_hf(spec: Spec, ref: ModelRef, *, force_download: bool = False,
+               allow_cache_fallback: bool = True) -> ResolvedModel:
+    """Resolve a parsed spec of kind "hf" with ``ref``'s Hub settings: from the cache when offline (or, with
+    ``allow_cache_fallback``, when the Hub cannot be reached), else asking the Hub and downloading what is missing."""
+    repo, quant, filename, revision, token = spec.value, spec.quant, ref.filename, ref.revision, ref.token
+    vision, progress = ref.finds_mmproj, ref.progress
+    cache = _hf_cache(ref.cache_dir)
+    if is_offline(ref.offline):
         return _resolve_hf_cached(repo, quant=quant, filename=filename, revision=revision, vision=vision,
                                   cache=cache, why="offline mode is on (offline=True or HF_HUB_OFFLINE=1)")
 
@@ -336,34 +331,3 @@ def _resolve_hf(repo: str, *, quant: str | None, filename: str | None, revision:
         repo=repo,
         quant=chosen.quant,
     )
-
-
-def pull(
-    spec: str | None = None,
-    *,
-    repo: str | None = None,
-    quant: str | None = None,
-    filename: str | None = None,
-    revision: str | None = None,
-    token: str | bool | None = None,
-    vision: bool = False,
-    progress: Progress | None = None,
-    cache_dir: str | os.PathLike[str] | None = None,
-    force: bool = False,
-) -> ResolvedModel:
-    """Download a Hugging Face model into the cache (like ``resolve_model``, but always asks the Hub).
-
-    Never falls back to the cache when the Hub cannot be reached, and refuses offline mode. Files already complete
-    in the cache are not fetched again unless ``force=True``. ``progress`` gets "download" reports
-    (see :mod:`gguf_provider.runtime.progress`).
-    """
-    parsed = _parse_spec(spec, repo, quant)
-    if parsed.kind != "hf":
-        raise ModelNotFoundError(
-            f"pull needs a Hugging Face repo ('org/repo' or 'org/repo:QUANT'); {spec!r} names a local model"
-        )
-    if _is_offline(None):
-        raise ModelNotFoundError("cannot pull while offline mode is on (HF_HUB_OFFLINE=1); unset it and retry")
-    return _resolve_hf(parsed.value, quant=parsed.quant, filename=filename, revision=revision, token=token,
-                       vision=vision, offline=False, progress=progress, cache_dir=cache_dir, force_download=force,
-                       allow_cache_fallback=False)

@@ -8,10 +8,8 @@ from pathlib import Path
 
 from ...errors import MissingShardError, ModelNotFoundError
 from .. import gguf, paths
-from .spec import (
+from .files import (
     _SHARD_RE,
-    LocalModel,
-    ResolvedModel,
     _is_gguf,
     _is_mmproj,
     _select_mmproj,
@@ -20,6 +18,7 @@ from .spec import (
     parse_quant,
     quant_matches,
 )
+from .spec import LocalModel, ResolvedModel, Spec
 
 
 def _shard_set(path: Path) -> tuple[Path, ...]:
@@ -134,17 +133,17 @@ def _find_by_name(name: str, quant: str | None) -> Path:
     )
 
 
-def resolve_local(value: str, quant: str | None, *, kind: str, vision: bool) -> ResolvedModel:
+def resolve_local(spec: Spec, *, vision: bool) -> ResolvedModel:
     """Resolve a parsed spec of kind "path" or "name" (a bare ``*.gguf`` file name is also looked up by name)."""
-    if kind == "path":
-        path = Path(value).expanduser()
+    if spec.kind == "path":
+        path = Path(spec.value).expanduser()
         if not path.exists() and _is_gguf(path.name) and len(path.parts) == 1:
             try:  # a bare file name: look in the models dirs too
-                return _resolve_path(_find_by_name(path.name, quant), vision=vision, source="models-dir")
+                return _resolve_path(_find_by_name(path.name, spec.quant), vision=vision, source="models-dir")
             except ModelNotFoundError:
                 pass
         return _resolve_path(path, vision=vision, source="path")
-    return _resolve_path(_find_by_name(value, quant), vision=vision, source="models-dir")
+    return _resolve_path(_find_by_name(spec.value, spec.quant), vision=vision, source="models-dir")
 
 
 def list_models_dirs() -> list[LocalModel]:

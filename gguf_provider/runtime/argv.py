@@ -1,0 +1,44 @@
+"""The llama-server command line of one start, pure: the head (binary, model, alias, context, address) written here,
+then each declared option's flags (:data:`.server_options.OPTIONS`, in command-line order)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .discovery import ServerCapabilities
+from .process import Address
+from .server_options import (
+    EMBED_UBATCH_MAX,
+    IN_ARGV_ORDER,
+    POOLING_NAMES,
+    Build,
+    ServerSpec,
+    cache_type_args,
+    check_cache_type,
+    embedding_pooling,
+    user_ubatch,
+)
+
+SAFETY_FLAGS = ("--jinja", "--no-webui", "--offline")  # passed when the build has them
+
+
+def build_argv(spec: ServerSpec, binary: Path, caps: ServerCapabilities, alias: str, n_ctx: int,
+               address: Address, api_key_file: Path | None, *, header_pooling: int | None = None) -> list[str]:
+    argv = [str(binary), "-m", str(spec.model), "--alias", alias, "-c", str(n_ctx)]
+    argv += [flag for flag in SAFETY_FLAGS if caps.supports(flag)]
+    if address.socket:
+        argv += ["--host", address.socket]
+    else:
+        assert address.url is not None
+        port = address.url.rsplit(":", 1)[1]
+        argv += ["--host", "127.0.0.1", "--port", port]
+    if api_key_file is not None:
+        argv += ["--api-key-file", str(api_key_file)]
+    build = Build(caps=caps, n_ctx=n_ctx, header_pooling=header_pooling)
+    for option in IN_ARGV_ORDER:
+        argv += option.flags_for(spec, build)
+    return argv
+
+
+__all__ = ["EMBED_UBATCH_MAX", "POOLING_NAMES", "SAFETY_FLAGS", "build_argv", "cache_type_args", "check_cache_type",
+           "embedding_pooling", "user_ubatch"]

@@ -1,0 +1,73 @@
+"""runtime/process.py's shared helpers: the health wait both server starts and the install's smoke run use,
+free ports, and stopping a child."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gguf_provider.errors import ServerStartError
+from gguf_provider.runtime import process
+
+
+def _answers(*codes: int) -> tuple[process.Address, list[int]]:
+    """An address whose /health answers ``codes`` in turn (a refused connection for 0), then 200."""
+    asked: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        code = codes[len(asked)] if len(asked) < len(codes) else 200
+        asked.append(code)
+        if code == 0:
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(code)
+
+    return process.Address(url="http://127.0.0.1:1", injected=httpx.MockTransport(handler)), asked
+
+
+def test_poll_health_waits_through_refusals_and_503s() -> None:
+    address, asked = _answers(0, 503, 0)
+    waited: list[float] = []
+    assert process.poll_health(address, timeout=30, exited=lambda: False, waiting=waited.append) == "healthy"
+    assert asked == [0, 503, 0, 200] and len(waited) == 3
+
+
+def test_poll_health_says_when_the_server_is_gone_or_late() -> None:
+    address, asked = _answers(503)
+    assert process.poll_health(address, timeout=30, exited=lambda: True) == "exited" and asked == []
+    address, _ = _answers(*[503] * 1000)
+    assert process.poll_health(address, timeout=0.05, exited=lambda: False) == "timeout"
+
+
+def test_wait_healthy_raises_with_the_log_tail(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text("loading\nerror: out of memory\n")
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    proc.wait()
+    address, _ = _answers(0)
+    with pytest.raises(ServerStartError, match="exited with code 3") as err:
+        process.wait_healthy(proc, proc.pid, address, log, timeout=30)
+    assert "out of memory" in err.value.log_tail
+
+
+def test_free_port_is_free_until_someone_binds_it() -> None:
+    port = process.free_port()
+    assert process.port_is_free(port)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        assert not process.port_is_free(port)
+
+
+def test_stop_child_kills_what_ignores_sigterm() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                             "signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"],
+                            stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    process.stop_child(proc, grace=0.2)
+    assert proc.returncode == -9
+    proc.stdout.close()
