@@ -15,14 +15,15 @@ import os
 import re
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import filelock
 import psutil
 
 from ..errors import InsufficientMemoryError, MemoryBudgetWarning
-from . import fit, paths, registry
+from . import fit, installed, paths, registry, rpc
 from .gguf import GGUFHeader
 
 LIMIT_ENV = "GGUF_PROVIDER_MEMORY_LIMIT"
@@ -278,3 +279,46 @@ def summary() -> dict[str, int | None]:
     running = holders(registry.read())
     return {"used": sum(h.held for h in running), "limit": memory_limit(), "servers": len(running),
             "max_models": max_models()}
+
+
+# -- this machine's memory, as the manager's budget collaborator sees it -------------------------------------------
+
+
+def fit_memory(binary: Path, workers: Sequence[rpc.WorkerInfo] = ()) -> fit.MemoryInfo:
+    """The memory ``binary`` can use: free RAM, plus free VRAM unless it is our CPU-only build (a GPU host without a
+    CUDA toolkit gets one, and sizing its context by VRAM would overshoot RAM), plus what RPC ``workers`` report
+    (llama.cpp treats each worker's device like a GPU: the offloaded layers and their KV cache go there)."""
+    memory = fit.available_memory()
+    if memory.has_gpu and installed.backend_of(binary) == "cpu":
+        memory = fit.MemoryInfo(ram_available=memory.ram_available)
+    devices = tuple(f for w in workers for f in w.free)
+    return fit.MemoryInfo(memory.ram_available, memory.vram_free + devices) if devices else memory
+
+
+def local_share(header: GGUFHeader, n_gpu_layers: int | None, workers: Sequence[rpc.WorkerInfo]) -> float:
+    """The part of a model's weights and KV cache that stays in this machine's memory: 1 without RPC workers; with
+    them, the layers not offloaded (all are, unless ``n_gpu_layers`` says otherwise)."""
+    if not workers:
+        return 1.0
+    n_layer = max(header.block_count or 1, 1)
+    offloaded = n_layer if n_gpu_layers is None or n_gpu_layers < 0 else min(n_gpu_layers, n_layer)
+    return 1 - offloaded / n_layer
+
+
+class MemoryBudget:
+    """runtime/budget.py over this machine's free memory."""
+
+    def admission_lock(self) -> filelock.FileLock:
+        return admission_lock()
+
+    def admit(self, header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_layers: int | None,
+              memory: Callable[[], fit.MemoryInfo], cache_type: str, draft: GGUFHeader | None,
+              local_share: float, reg: registry.Registry) -> Admission:
+        return admit(header, file_bytes, requested=requested, n_gpu_layers=n_gpu_layers, memory=memory,
+                                cache_type=cache_type, draft=draft, local_share=local_share, reg=reg)
+
+    def memory(self, binary: Path, workers: Sequence[rpc.WorkerInfo]) -> fit.MemoryInfo:
+        return fit_memory(binary, workers)
+
+    def rss(self, pid: int) -> int:
+        return rss(pid)

@@ -32,7 +32,9 @@ from . import fit as fit_mod
 from . import rpc as rpc_mod
 from . import speculative as speculative_mod
 from .argv import build_argv
+from .budget import MemoryBudget, fit_memory, local_share
 from .gguf import GGUFHeader
+from .health import HTTPHealth, Proc, props_n_ctx, read_props, speculating
 from .process import Address
 from .progress import Progress
 from .server_options import (  # their home before server_options.py and argv.py: re-exported
@@ -92,58 +94,9 @@ class Lease:
         self.release()
 
 
-def fit_memory(binary: Path, workers: Sequence[rpc_mod.WorkerInfo] = ()) -> fit_mod.MemoryInfo:
-    """The memory ``binary`` can use: free RAM, plus free VRAM unless it is our CPU-only build (a GPU host without a
-    CUDA toolkit gets one, and sizing its context by VRAM would overshoot RAM), plus what RPC ``workers`` report
-    (llama.cpp treats each worker's device like a GPU: the offloaded layers and their KV cache go there)."""
-    memory = fit_mod.available_memory()
-    if memory.has_gpu and install.backend_of(binary) == "cpu":
-        memory = fit_mod.MemoryInfo(ram_available=memory.ram_available)
-    devices = tuple(f for w in workers for f in w.free)
-    return fit_mod.MemoryInfo(memory.ram_available, memory.vram_free + devices) if devices else memory
-
-
-def read_props(address: Address, timeout: float = 5.0, *, healthy: bool = False) -> dict[str, Any]:
-    """``/props``; with ``healthy``, ``/health`` must answer 200 first (a loading or broken server does not)."""
-    with address.client(timeout=timeout) as c:
-        if healthy:
-            c.get("/health").raise_for_status()
-        r = c.get("/props")
-        r.raise_for_status()
-        data: dict[str, Any] = r.json()
-        return data
-
-
-def speculating(address: Address, timeout: float = 5.0) -> bool | None:
-    """Whether the server's slots do speculative decoding (``/slots``); None when it does not say."""
-    try:
-        with address.client(timeout=timeout) as c:
-            r = c.get("/slots")
-            r.raise_for_status()
-            slots = r.json()
-    except (httpx.HTTPError, ValueError):
-        return None
-    flags = [s.get("speculative") for s in slots if isinstance(s, dict)] if isinstance(slots, list) else []
-    return any(f is True for f in flags) if flags and all(isinstance(f, bool) for f in flags) else None
-
-
-def props_n_ctx(props: dict[str, Any]) -> int:
-    dgs = props.get("default_generation_settings") or {}
-    return int(dgs.get("n_ctx") or props.get("n_ctx") or 0)
-
-
 # -- the manager's collaborators ---------------------------------------------------------------------------------
 # ServerManager reaches the world only through these (the pattern of Ollama's server/sched.go): the defaults below
 # are the real ones, and tests/unit_tests/test_manager_races.py drives the manager with fakes.
-
-
-class Proc(Protocol):
-    """A spawned server process, as much of it as the manager looks at."""
-
-    @property
-    def pid(self) -> int: ...
-
-    def poll(self) -> int | None: ...
 
 
 class Launcher(Protocol):
@@ -225,21 +178,6 @@ class ProcessLauncher:
         _spawn_watchdog(key, entry, home)
 
 
-class HTTPHealth:
-    """Asks the server over HTTP (its Unix socket or loopback port)."""
-
-    def wait_healthy(self, proc: Proc, address: Address, log_path: Path, *, timeout: float,
-                     progress: Progress | None) -> None:
-        popen = proc if isinstance(proc, subprocess.Popen) else None
-        process.wait_healthy(popen, proc.pid, address, log_path, timeout=timeout, progress=progress)
-
-    def props(self, address: Address, *, healthy: bool = False) -> dict[str, Any]:
-        return read_props(address, healthy=healthy)
-
-    def speculating(self, address: Address) -> bool | None:
-        return speculating(address)
-
-
 class SystemClock:
     def time(self) -> float:
         return time.time()
@@ -249,25 +187,6 @@ class SystemClock:
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
-
-
-class MemoryBudget:
-    """runtime/budget.py over this machine's free memory."""
-
-    def admission_lock(self) -> AdmissionLock:
-        return budget_mod.admission_lock()
-
-    def admit(self, header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_layers: int | None,
-              memory: Callable[[], fit_mod.MemoryInfo], cache_type: str, draft: GGUFHeader | None,
-              local_share: float, reg: registry.Registry) -> budget_mod.Admission:
-        return budget_mod.admit(header, file_bytes, requested=requested, n_gpu_layers=n_gpu_layers, memory=memory,
-                                cache_type=cache_type, draft=draft, local_share=local_share, reg=reg)
-
-    def memory(self, binary: Path, workers: Sequence[rpc_mod.WorkerInfo]) -> fit_mod.MemoryInfo:
-        return fit_memory(binary, workers)
-
-    def rss(self, pid: int) -> int:
-        return budget_mod.rss(pid)
 
 
 class BinaryInstaller:
@@ -540,16 +459,6 @@ class ServerManager:
         self._registry.stop_entry(entry)
 
 
-def local_share(header: GGUFHeader, n_gpu_layers: int | None, workers: Sequence[rpc_mod.WorkerInfo]) -> float:
-    """The part of a model's weights and KV cache that stays in this machine's memory: 1 without RPC workers; with
-    them, the layers not offloaded (all are, unless ``n_gpu_layers`` says otherwise)."""
-    if not workers:
-        return 1.0
-    n_layer = max(header.block_count or 1, 1)
-    offloaded = n_layer if n_gpu_layers is None or n_gpu_layers < 0 else min(n_gpu_layers, n_layer)
-    return 1 - offloaded / n_layer
-
-
 def default_keep_alive() -> float:
     return float(os.environ.get("GGUF_PROVIDER_KEEP_ALIVE", DEFAULT_KEEP_ALIVE))
 
@@ -613,6 +522,7 @@ def get_manager() -> ServerManager:
         return _manager
 
 
+# Names whose home is elsewhere (server_options.py, argv.py, health.py, budget.py), importable from here as before.
 __all__ = ["EMBED_UBATCH_MAX", "POOLING_NAMES", "Address", "Lease", "ServerInfo", "ServerManager", "ServerSpec",
            "ServerStartError", "attach", "build_argv", "cache_type_args", "check_cache_type", "embedding_pooling",
-           "get_manager", "user_ubatch"]
+           "fit_memory", "get_manager", "local_share", "props_n_ctx", "read_props", "speculating", "user_ubatch"]

@@ -6,14 +6,15 @@ import json
 import os
 import signal
 import time
+from typing import Any
 
 import pytest
 
 from gguf_provider.engine import Engine, EngineConfig, resolve_spec
 from gguf_provider.errors import ServerCrashedError, ServerTimeoutError
 from gguf_provider.events import TextDelta
+from gguf_provider.runtime import health, registry
 from gguf_provider.runtime import manager as mgr
-from gguf_provider.runtime import registry
 from tests.reliability.report import write_report
 from tests.support.runtime import RuntimeEnv, pid_alive, wait_until
 
@@ -107,25 +108,25 @@ def test_hung_server_times_out_never_hangs(rt: RuntimeEnv) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_a_server_stopped_while_another_client_attaches_is_replaced_not_reported(
-        rt: RuntimeEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_server_stopped_while_another_client_attaches_is_replaced_not_reported(rt: RuntimeEnv) -> None:
     """Its last lease ends between the attaching client's registry check and its first request (seen in a loaded
     `make test`: a module's fixture attached as the previous module's server stopped). The stop is real (the other
     client's `unload`); only its moment is chosen, by running it inside the attach's first request."""
     first = Engine(EngineConfig(model_path=str(rt.model), n_ctx=2048))
     old_pid = first.info.pid
-    real_read_props = mgr.read_props
     asked: list[int] = []
 
-    def stop_then_read(address: object, **kwargs: object) -> object:
-        if not asked:
-            asked.append(1)
-            first.unload()  # the last lease: unregistered, then stopped
-            wait_until(lambda: not pid_alive(old_pid), 10)
-        return real_read_props(address, **kwargs)  # type: ignore[arg-type]
+    class StopThenRead(health.HTTPHealth):
+        """The real health check, with the other client's stop run inside the attach's first request."""
 
-    monkeypatch.setattr(mgr, "read_props", stop_then_read)
-    lease = mgr.ServerManager().acquire(resolve_spec(first.config))
+        def props(self, address: health.Address, *, healthy: bool = False) -> dict[str, Any]:
+            if not asked:
+                asked.append(1)
+                first.unload()  # the last lease: unregistered, then stopped
+                wait_until(lambda: not pid_alive(old_pid), 10)
+            return super().props(address, healthy=healthy)
+
+    lease = mgr.ServerManager(health=StopThenRead()).acquire(resolve_spec(first.config))
     try:
         assert asked, "the attach never asked the old server"
         assert lease.info.pid != old_pid and pid_alive(lease.info.pid)
