@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -189,6 +190,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
           + f") at {info.address.describe()} pid {info.pid}; Ctrl-C stops it", flush=True)
     if info.address.api_key:
         print("the API key is in the server's key file in the runtime dir (0600)", flush=True)
+    _stop_on_signals()  # TERM and HUP unload as Ctrl-C does (after kill -9, the watchdog stops the server)
     try:
         while info.alive():
             time.sleep(1)
@@ -205,7 +207,7 @@ RPC_WARNING = ("the RPC protocol has no authentication and no encryption: anyone
 
 def cmd_rpc_worker(args: argparse.Namespace) -> int:
     from .runtime import install, rpc
-    from .runtime.process import stop_child
+    from .runtime.process import dies_with_parent, stop_child
 
     if not rpc.is_loopback(args.host) and not args.unauthenticated_ok:
         print(f"gguf-provider: error: --host {args.host} is not loopback and "
@@ -227,11 +229,15 @@ def cmd_rpc_worker(args: argparse.Namespace) -> int:
         return 2
     print(f"gguf-provider: warning: {RPC_WARNING.format(where=f'{args.host}:{args.port}')}", file=sys.stderr,
           flush=True)
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
-    threading.Thread(target=_echo, args=(proc,), daemon=True).start()
     local = "127.0.0.1" if args.host in ("0.0.0.0", "") else "::1" if args.host == "::" else args.host
     endpoint = f"[{local}]:{args.port}" if ":" in local else f"{local}:{args.port}"
+    _stop_on_signals()
+    proc: subprocess.Popen[str] | None = None
     try:
+        # Forked from the main thread, which lives as long as we do: on Linux the worker dies with us even on kill -9.
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace", preexec_fn=dies_with_parent())
+        threading.Thread(target=_echo, args=(proc,), daemon=True).start()
         info = _greet(proc, endpoint)
         if info is None:
             print(f"gguf-provider: error: rpc-server exited with status {proc.wait()} before it listened on "
@@ -245,7 +251,19 @@ def cmd_rpc_worker(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     finally:
-        stop_child(proc)
+        if proc is not None:
+            stop_child(proc)
+
+
+def _stop_on_signals() -> None:
+    """SIGTERM (kill, systemd, docker stop) and SIGHUP (the terminal closed) end the command like Ctrl-C does, so
+    its ``finally`` stops the child; by default they would end Python at once and leave the child running."""
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    for name in ("SIGTERM", "SIGHUP"):  # Windows has no SIGHUP
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), stop)
 
 
 def _echo(proc: subprocess.Popen[str]) -> None:

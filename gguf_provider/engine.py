@@ -81,8 +81,13 @@ class EngineConfig:
     # "auto" (the build's n-gram self-speculation), "off"/False, an n-gram type, or a draft model spec; chat only
     speculative: bool | str = "auto"
     kv_cache_type: str = "f16"  # K and V cache type: f16, q8_0, q4_0, ... (what the build lists)
+    # Hosts, addresses or networks whose non-public image URLs may be fetched, "*", "file:" (media.FetchPolicy);
+    # None: $GGUF_PROVIDER_MEDIA_ALLOW_HOSTS, read at each request
+    media_allow_hosts: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.media_allow_hosts, str):
+            object.__setattr__(self, "media_allow_hosts", media.FetchPolicy.parse(self.media_allow_hosts).setting)
         # Wrong values fail here, at construction, not when the server starts: each server option's own check.
         for option in server_options.OPTIONS:
             if option.normalize is not None:
@@ -248,6 +253,10 @@ class Engine:
                     raise
         raise AssertionError("unreachable")
 
+    def media_policy(self) -> media.FetchPolicy:
+        """Where image URLs in messages may point (``media_allow_hosts``, else the environment's)."""
+        return media.FetchPolicy.parse(self.config.media_allow_hosts)
+
     # limits -------------------------------------------------------------------------------------------------
 
     def prepare(self, payload: dict[str, Any]) -> dict[str, Any]:
@@ -261,14 +270,14 @@ class Engine:
         the context (finish reason ``length``) and refuses an image prompt that does not fit
         (:class:`ContextOverflowError`).
         """
-        payload = media.prepare(payload, self.modalities(), model=self._where())
+        payload = media.prepare(payload, self.modalities(), model=self._where(), policy=self.media_policy())
         n_ctx = self.n_ctx
         if not n_ctx or limits.fits(payload, n_ctx):
             return payload
         return limits.apply_limits(payload, self.count_prompt_tokens(payload), n_ctx)
 
     async def aprepare(self, payload: dict[str, Any]) -> dict[str, Any]:
-        payload = await media.aprepare(payload, self.modalities(), model=self._where())
+        payload = await media.aprepare(payload, self.modalities(), model=self._where(), policy=self.media_policy())
         n_ctx = self.n_ctx
         if not n_ctx or limits.fits(payload, n_ctx):
             return payload

@@ -16,6 +16,7 @@ Every error the library raises on purpose derives from :class:`GGUFProviderError
     │   └── DraftModelMismatchError        a draft model's vocabulary is not the model's .model .draft
     ├── InsufficientMemoryError            the model does not fit (free memory, budget, model count)
     ├── MediaFetchError                    an image URL could not be fetched           .url .status_code
+    │   └── MediaURLRefusedError           ... not fetched: an internal address/scheme .reason
     ├── ServerError                        the llama-server process failed             .log_tail .log_path
     │   ├── ServerStartError               exited or not healthy while starting
     │   │   └── RPCWorkerUnreachableError  an RPC worker cannot be reached or is busy  .worker
@@ -37,7 +38,8 @@ What to catch:
   ``GGUFContextOverflowError``, which LangChain code catching its own ``ContextOverflowError`` also sees.
 * ``APIError``: any request llama-server refused (or would refuse: ``UnsupportedInputError``, raised before the
   request). ``ModelError``: anything about the model file.
-* ``MediaFetchError``: an ``http(s)`` image URL in a message could not be fetched (status, size, type, network).
+* ``MediaFetchError``: an ``http(s)`` image URL in a message could not be fetched (status, size, type, network);
+  ``MediaURLRefusedError`` when it was not even tried: a non-public address or another scheme (docs/security.md).
 
 Wrong arguments raise ``ValueError``, not these. docs/errors.md says when each class is raised.
 """
@@ -193,6 +195,16 @@ class MediaFetchError(GGUFProviderError):
         super().__init__(message)
         self.url = url
         self.status_code = status_code
+
+
+class MediaURLRefusedError(MediaFetchError):
+    """An image URL was not fetched because of where it points: a loopback, private, link-local, multicast or
+    reserved address (after DNS resolution, or after a redirect), or a scheme other than http(s) and ``data:``.
+    ``reason`` says which; ``media_allow_hosts`` / ``$GGUF_PROVIDER_MEDIA_ALLOW_HOSTS`` allow it."""
+
+    def __init__(self, message: str, url: str, reason: str) -> None:
+        super().__init__(message, url)
+        self.reason = reason
 
 
 class ModelDownloadError(ModelError):

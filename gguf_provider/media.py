@@ -8,12 +8,18 @@ The adapters translate their frameworks' image blocks into OpenAI ``image_url`` 
   raises :class:`~gguf_provider.errors.UnsupportedInputError` before the request. Without this check llama-server
   answers HTTP 500 "image input is not supported - hint: if this is unexpected, you may need to provide the
   mmproj".
-* ``http://`` and ``https://`` image URLs are fetched here (httpx: redirects followed, at most
+* ``http://`` and ``https://`` image URLs are fetched here (httpx: at most :data:`MAX_REDIRECTS` redirects,
   :data:`MAX_IMAGE_BYTES`, :data:`FETCH_TIMEOUT` seconds in all, an ``image/*`` content type) and inlined as
   base64 ``data:`` URIs; any failure is a :class:`~gguf_provider.errors.MediaFetchError` naming the URL. Why here:
   our llama-server build fetches a plain ``http://`` URL itself but answers an ``https://`` one with HTTP 500
   "HTTPS is not supported. Please rebuild with one of: -DLLAMA_BUILD_BORINGSSL=ON ..." (it is built without TLS),
-  and a server we attach to need not reach the URLs its caller can. ``data:`` URIs pass through unchanged.
+  a server we attach to need not reach the URLs its caller can, and the server would fetch any address.
+  ``data:`` URIs pass through unchanged; no other URL reaches the server.
+* Where a URL may point (:class:`FetchPolicy`, the option ``media_allow_hosts``): by default only public
+  addresses. The host is resolved, every address checked (loopback, private, link-local, multicast, reserved are
+  refused with :class:`~gguf_provider.errors.MediaURLRefusedError`), and the connection made to the checked
+  address (the name in Host and SNI), so a second DNS answer cannot differ; each redirect is checked the same
+  way. ``file://`` URLs are read only when the policy lists ``file:``; other schemes are refused.
 * :func:`text_only` drops the media parts for prompt counting (apply-template + tokenize): llama-server puts a
   random marker string where an image goes, and an image's own tokens are known only to the server (its usage).
 """
@@ -22,19 +28,27 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import ipaddress
+import os
+import socket
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import httpx
 
-from .errors import MediaFetchError, UnsupportedInputError
+from .errors import MediaFetchError, MediaURLRefusedError, UnsupportedInputError
 
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
 """The largest image fetched from a URL (bytes, before base64)."""
 FETCH_TIMEOUT = 30.0
 """Seconds a URL fetch may take in all (connect, redirects and body)."""
 MAX_REDIRECTS = 5
+ALLOW_HOSTS_ENV = "GGUF_PROVIDER_MEDIA_ALLOW_HOSTS"
+"""The default of ``media_allow_hosts``: comma-separated hosts, addresses or networks, ``*``, ``file:``."""
 MEDIA_PART_BOUND = 4096
 """Tokens one media part may stand for in the engine's cheap "surely fits" bound (an image is 16 to a few thousand
 tokens, depending on the projector and the image size)."""
@@ -104,20 +118,26 @@ def _url_of(part: Mapping[str, Any]) -> str | None:
     return url if isinstance(url, str) else None
 
 
-def remote_urls(messages: Any) -> list[str]:
-    """The distinct ``http(s)`` image URLs in ``messages``, in order. Any other scheme but ``data:`` is refused
-    with :class:`MediaFetchError` (llama-server reads no local files)."""
+def remote_urls(messages: Any, policy: FetchPolicy | None = None) -> list[str]:
+    """The distinct image URLs in ``messages`` that are not ``data:`` URIs, in order: ``http(s)``, and ``file:``
+    when the policy allows local files. Any other scheme is :class:`MediaURLRefusedError`, so no URL reaches
+    llama-server unchecked (it would fetch an ``http://`` URL itself)."""
+    files = (policy or FetchPolicy.from_env()).files
     urls: list[str] = []
     for part in _parts(messages):
         url = _url_of(part)
         if url is None or url.startswith("data:"):
             continue
         scheme = url.split(":", 1)[0].lower() if ":" in url else ""
-        if scheme not in ("http", "https"):
-            raise MediaFetchError(
+        if scheme == "file" and not files:
+            raise MediaURLRefusedError(
+                f"image URL {_short(url)} is a local file, and local files are read only when asked for: add "
+                f"'file:' to media_allow_hosts (or ${ALLOW_HOSTS_ENV}), or pass the image's bytes", url, "file")
+        if scheme not in ("http", "https", "file"):
+            raise MediaURLRefusedError(
                 f"image URL {_short(url)} is neither http(s) nor a data: URI: give an http(s) URL, a "
                 f"data:image/...;base64 URI, or the image's bytes (e.g. LangChain's {{'type': 'image', 'base64': "
-                f"..., 'mime_type': ...}}, LlamaIndex's ImageBlock(path=...))", url)
+                f"..., 'mime_type': ...}}, LlamaIndex's ImageBlock(path=...))", url, "scheme")
         if url not in urls:
             urls.append(url)
     return urls
@@ -185,14 +205,142 @@ def _data_uri(url: str, mime: str, body: bytes) -> str:
 def _failure(url: str, exc: httpx.HTTPError) -> MediaFetchError:
     if isinstance(exc, httpx.TimeoutException):
         return MediaFetchError(f"fetching the image {_short(url)} timed out", url)
-    if isinstance(exc, httpx.TooManyRedirects):
-        return MediaFetchError(f"fetching the image {_short(url)}: more than {MAX_REDIRECTS} redirects", url)
     return MediaFetchError(f"could not fetch the image {_short(url)}: {type(exc).__name__}: {exc}", url)
 
 
+# --- where a URL may point --------------------------------------------------------------------------------------
+
+
+def resolve(host: str, port: int) -> list[str]:
+    """The addresses ``host`` resolves to (the system resolver); tests put a hosts-style table here."""
+    try:
+        return [str(ipaddress.ip_address(host))]  # an address is itself
+    except ValueError:
+        pass
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]).split("%", 1)[0] for info in infos))
+
+
+_Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+_Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def not_public(address: str) -> str | None:
+    """Why ``address`` is no public internet address (``"loopback"``, ``"private"``, ...), or None when it is."""
+    ip: _Address = ipaddress.ip_address(address)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped  # ::ffff:127.0.0.1 is 127.0.0.1
+    for attr, why in (("is_loopback", "loopback"), ("is_unspecified", "unspecified"),
+                      ("is_link_local", "link-local (where cloud metadata services answer)"),
+                      ("is_multicast", "multicast"), ("is_private", "private"), ("is_reserved", "reserved")):
+        if getattr(ip, attr):
+            return why
+    return None if ip.is_global else "non-public (special-purpose)"
+
+
+@dataclass(frozen=True)
+class FetchPolicy:
+    """Which image URLs may be fetched. By default only public addresses: every address a host resolves to, and
+    every redirect's, must be public. ``hosts`` (names, lower case), ``networks`` (addresses and CIDR ranges) and
+    ``any_host`` (``*``) allow non-public ones; ``files`` (``file:``) lets ``file://`` URLs be read."""
+
+    hosts: frozenset[str] = frozenset()
+    networks: tuple[_Network, ...] = ()
+    any_host: bool = False
+    files: bool = False
+    setting: tuple[str, ...] = field(default=(), compare=False)
+
+    @classmethod
+    def parse(cls, setting: str | Sequence[str] | None) -> FetchPolicy:
+        """The policy of ``media_allow_hosts`` (a list, or one comma-separated string); None reads
+        ``$GGUF_PROVIDER_MEDIA_ALLOW_HOSTS``. An entry that parses as an address or network is one; any other
+        is a host name; empty entries are skipped."""
+        if setting is None:
+            setting = os.environ.get(ALLOW_HOSTS_ENV, "")
+        items = setting.split(",") if isinstance(setting, str) else list(setting)
+        entries = tuple(str(e).strip() for e in items if str(e).strip())
+        hosts: set[str] = set()
+        networks: list[_Network] = []
+        for entry in entries:
+            if entry in ("file:", "file://"):
+                continue
+            try:
+                networks.append(ipaddress.ip_network(entry.removeprefix("[").removesuffix("]"), strict=False))
+            except ValueError:
+                hosts.add(entry.lower().rstrip("."))
+        return cls(frozenset(hosts - {"*"}), tuple(networks), "*" in hosts,
+                   any(e in ("file:", "file://") for e in entries), entries)
+
+    @classmethod
+    def from_env(cls) -> FetchPolicy:
+        return cls.parse(None)
+
+    def pin(self, url: str, original: str) -> str:
+        """The address to connect to for ``url`` (one it resolves to), after checking every one of them;
+        :class:`MediaURLRefusedError` for a non-public one this policy does not allow. ``original`` is the URL the
+        message gave (``url`` may be a redirect's target)."""
+        via = "" if url == original else f" (redirected to {_short(url)})"
+        try:
+            parts = httpx.URL(url)
+        except httpx.InvalidURL as exc:
+            raise MediaFetchError(f"image URL {_short(original)}{via} is not a valid URL: {exc}", original) from exc
+        if parts.scheme not in ("http", "https"):
+            raise MediaURLRefusedError(f"image URL {_short(original)}{via} was not fetched: only http(s) URLs are "
+                                       f"fetched (a redirect too)", original, "scheme")
+        host = parts.host.lower().rstrip(".")
+        if not host:
+            raise MediaFetchError(f"image URL {_short(original)}{via} names no host", original)
+        try:
+            addresses = resolve(host, parts.port or (443 if parts.scheme == "https" else 80))
+        except (OSError, UnicodeError) as exc:
+            raise MediaFetchError(f"could not fetch the image {_short(original)}{via}: the host {host!r} does not "
+                                  f"resolve ({exc})", original) from exc
+        if not addresses:
+            raise MediaFetchError(f"could not fetch the image {_short(original)}{via}: {host!r} has no address",
+                                  original)
+        if self.any_host or host in self.hosts:
+            return addresses[0]
+        for address in addresses:
+            why = not_public(address)
+            if why is None or any(ipaddress.ip_address(address) in n for n in self.networks):
+                continue
+            shown = host if host == address else f"{host} ({address})"
+            raise MediaURLRefusedError(
+                f"image URL {_short(original)}{via} was not fetched: {shown} is a {why} address, and only public "
+                f"addresses are fetched by default (a message could otherwise make this machine fetch internal "
+                f"URLs). To allow it, list the host in media_allow_hosts=[{host!r}] or "
+                f"${ALLOW_HOSTS_ENV}={host} ('*' allows every host; docs/security.md), or pass the image as "
+                f"base64 data", original, why.split(" ", 1)[0])
+        return addresses[0]
+
+
+def _request(client: httpx.Client | httpx.AsyncClient, url: str, address: str, pinned: bool) -> httpx.Request:
+    """A GET of ``url`` sent to ``address``, the one we checked (no second DNS lookup that could answer otherwise):
+    the name stays in the Host header and, for https, in SNI and the certificate check."""
+    if not pinned:  # a transport given by the caller decides where it connects (tests)
+        return client.build_request("GET", url)
+    parts = httpx.URL(url)
+    extensions = {"sni_hostname": parts.host} if parts.scheme == "https" else {}
+    return client.build_request("GET", parts.copy_with(host=address), headers={"Host": parts.netloc.decode()},
+                                extensions=extensions)
+
+
+def _redirect(r: httpx.Response, url: str) -> str | None:
+    location = r.headers.get("location")
+    if r.status_code not in (301, 302, 303, 307, 308) or not location:
+        return None
+    return str(httpx.URL(url).join(location))
+
+
 def _client_kwargs(timeout: float) -> dict[str, Any]:
-    return {"follow_redirects": True, "max_redirects": MAX_REDIRECTS, "timeout": timeout,
+    # Redirects are followed by hand, each hop checked; HTTP(S)_PROXY is not used (a proxy would resolve the name
+    # itself), so the connection goes to the checked address.
+    return {"follow_redirects": False, "timeout": timeout,
             "headers": {"User-Agent": _USER_AGENT, "Accept": "image/*"}}
+
+
+def _too_many(url: str) -> MediaFetchError:
+    return MediaFetchError(f"fetching the image {_short(url)}: more than {MAX_REDIRECTS} redirects", url)
 
 
 class _Body:
@@ -210,68 +358,116 @@ class _Body:
             raise httpx.ReadTimeout("total time exceeded")
 
 
+def read_file(url: str, *, max_bytes: int | None = None) -> str:
+    """A ``file://`` image as a data URI (its type from its bytes); only when the policy allows ``file:``."""
+    max_bytes = max_bytes or MAX_IMAGE_BYTES
+    path = Path(unquote(urlsplit(url).path))
+    try:
+        with open(path, "rb") as f:
+            body = f.read(max_bytes + 1)
+    except OSError as exc:
+        raise MediaFetchError(f"could not read the image {_short(url)}: {exc.strerror or exc}", url) from exc
+    if len(body) > max_bytes:
+        raise _too_large(url, max_bytes)
+    return _data_uri(url, "", body)
+
+
 def fetch(url: str, *, transport: httpx.BaseTransport | None = None, max_bytes: int | None = None,
-          timeout: float | None = None) -> str:
-    """The image at ``url`` as a base64 data URI; :class:`MediaFetchError` naming the URL on any failure. The limits
-    default to :data:`MAX_IMAGE_BYTES` and :data:`FETCH_TIMEOUT` (read at each call)."""
+          timeout: float | None = None, policy: FetchPolicy | None = None) -> str:
+    """The image at ``url`` as a base64 data URI; :class:`MediaFetchError` naming the URL on any failure, and
+    :class:`MediaURLRefusedError` before any connection when the URL (or a redirect) points where ``policy``
+    (default: ``$GGUF_PROVIDER_MEDIA_ALLOW_HOSTS``, public addresses only) does not allow. The limits default to
+    :data:`MAX_IMAGE_BYTES` and :data:`FETCH_TIMEOUT` (read at each call)."""
+    policy = policy or FetchPolicy.from_env()
+    if url.lower().startswith("file:") and policy.files:
+        return read_file(url, max_bytes=max_bytes)
     max_bytes, timeout = max_bytes or MAX_IMAGE_BYTES, timeout or FETCH_TIMEOUT
     deadline = time.monotonic() + timeout
+    current = url
     try:
-        with httpx.Client(transport=transport, **_client_kwargs(timeout)) as client, \
-                client.stream("GET", url) as r:
-            mime = _content_type(url, r, max_bytes)
-            body = _Body(url, max_bytes, deadline)
-            for chunk in r.iter_bytes():
-                body.add(chunk)
+        with httpx.Client(transport=transport or httpx.HTTPTransport(), **_client_kwargs(timeout)) as client:
+            for _ in range(MAX_REDIRECTS + 1):
+                request = _request(client, current, policy.pin(current, url), transport is None)
+                r = client.send(request, stream=True)
+                try:
+                    target = _redirect(r, current)
+                    if target is not None:
+                        current = target
+                        continue
+                    mime = _content_type(url, r, max_bytes)
+                    body = _Body(url, max_bytes, deadline)
+                    for chunk in r.iter_bytes():
+                        body.add(chunk)
+                finally:
+                    r.close()
+                return _data_uri(url, mime, bytes(body.data))
     except httpx.HTTPError as exc:
         raise _failure(url, exc) from exc
-    return _data_uri(url, mime, bytes(body.data))
+    raise _too_many(url)
 
 
 async def afetch(url: str, *, transport: httpx.AsyncBaseTransport | None = None, max_bytes: int | None = None,
-                 timeout: float | None = None) -> str:
+                 timeout: float | None = None, policy: FetchPolicy | None = None) -> str:
+    policy = policy or FetchPolicy.from_env()
+    if url.lower().startswith("file:") and policy.files:
+        return await asyncio.to_thread(read_file, url, max_bytes=max_bytes)
     max_bytes, timeout = max_bytes or MAX_IMAGE_BYTES, timeout or FETCH_TIMEOUT
     deadline = time.monotonic() + timeout
+    current = url
     try:
-        async with httpx.AsyncClient(transport=transport, **_client_kwargs(timeout)) as client, \
-                client.stream("GET", url) as r:
-            mime = _content_type(url, r, max_bytes)
-            body = _Body(url, max_bytes, deadline)
-            async for chunk in r.aiter_bytes():
-                body.add(chunk)
+        async with httpx.AsyncClient(transport=transport or httpx.AsyncHTTPTransport(),
+                                     **_client_kwargs(timeout)) as client:
+            for _ in range(MAX_REDIRECTS + 1):
+                address = await asyncio.to_thread(policy.pin, current, url)
+                r = await client.send(_request(client, current, address, transport is None), stream=True)
+                try:
+                    target = _redirect(r, current)
+                    if target is not None:
+                        current = target
+                        continue
+                    mime = _content_type(url, r, max_bytes)
+                    body = _Body(url, max_bytes, deadline)
+                    async for chunk in r.aiter_bytes():
+                        body.add(chunk)
+                finally:
+                    await r.aclose()
+                return _data_uri(url, mime, bytes(body.data))
     except httpx.HTTPError as exc:
         raise _failure(url, exc) from exc
-    return _data_uri(url, mime, bytes(body.data))
+    raise _too_many(url)
 
 
 # --- the payload -------------------------------------------------------------------------------------------------
 
 
 def prepare(payload: dict[str, Any], available: Mapping[str, bool], *, model: str,
-            transport: httpx.BaseTransport | None = None) -> dict[str, Any]:
-    """``payload`` checked against the server's modalities, its ``http(s)`` image URLs inlined as data URIs. A
-    payload without media parts is returned as it is."""
+            transport: httpx.BaseTransport | None = None, policy: FetchPolicy | None = None) -> dict[str, Any]:
+    """``payload`` checked against the server's modalities, its image URLs checked against ``policy`` and inlined
+    as data URIs. A payload without media parts is returned as it is."""
     messages = payload.get("messages")
     if not media_parts(messages):
         return payload
     check(messages, available, model=model)
-    urls = remote_urls(messages)
+    policy = policy or FetchPolicy.from_env()
+    urls = remote_urls(messages, policy)
     if not urls:
         return payload
-    fetched = {url: fetch(url, transport=transport) for url in urls}
+    fetched = {url: fetch(url, transport=transport, policy=policy) for url in urls}
     return {**payload, "messages": inline(messages, fetched)}  # type: ignore[arg-type]
 
 
 async def aprepare(payload: dict[str, Any], available: Mapping[str, bool], *, model: str,
-                   transport: httpx.AsyncBaseTransport | None = None) -> dict[str, Any]:
+                   transport: httpx.AsyncBaseTransport | None = None,
+                   policy: FetchPolicy | None = None) -> dict[str, Any]:
     messages = payload.get("messages")
     if not media_parts(messages):
         return payload
     check(messages, available, model=model)
-    urls = remote_urls(messages)
+    policy = policy or FetchPolicy.from_env()
+    urls = remote_urls(messages, policy)
     if not urls:
         return payload
-    uris = await asyncio.gather(*(afetch(url, transport=transport) for url in urls))
+    uris = await asyncio.gather(*(afetch(url, transport=transport, policy=policy) for url in urls))
     return {**payload, "messages": inline(messages, dict(zip(urls, uris, strict=True)))}  # type: ignore[arg-type]
 
 

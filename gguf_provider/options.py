@@ -157,6 +157,21 @@ class SamplingOptions(_Options):
         "Turn tool calls a model wrote as text (`<tool_call>`, bare JSON) into real tool calls."))
 
 
+class MediaOptions(_Options):
+    """Images in messages (chat adapters)."""
+
+    media_allow_hosts: list[str] | str | None = Field(default=None, description=(
+        "Image URLs are fetched from public addresses only; these hosts (names, addresses or CIDR networks, e.g. "
+        "`localhost`, `10.0.0.0/8`) may be fetched although they resolve to loopback, private or other internal "
+        "addresses; `*` allows every host, `file:` reads `file://` URLs (a list, or one comma-separated string). "
+        "Default: `$GGUF_PROVIDER_MEDIA_ALLOW_HOSTS`, else none (docs/security.md)."))
+
+    @field_validator("media_allow_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: Any) -> Any:
+        return [h.strip() for h in value.split(",") if h.strip()] if isinstance(value, str) else value
+
+
 class ClientOptions(_Options):
     """How requests are sent."""
 
@@ -212,7 +227,7 @@ class EngineOptions(ModelOptions, ServerOptions, ClientOptions):
             self._engine.unload()
 
 
-class ChatOptions(EngineOptions, ChatServerOptions, SamplingOptions):
+class ChatOptions(EngineOptions, ChatServerOptions, SamplingOptions, MediaOptions):
     """Every option of a chat adapter, and the request they make."""
 
     def chat_request(self, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> chat.ChatRequest:

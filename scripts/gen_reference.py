@@ -38,6 +38,7 @@ GROUPS: list[tuple[type[BaseModel], str]] = [
     (options.EmbeddingOptions, "Embedding options"),
     (options.SamplingOptions, "Sampling (also per call)"),
     (options.ClientOptions, "Requests"),
+    (options.MediaOptions, "Images in messages"),
     (options.LangChainExtras, "Unknown arguments, LangChain"),
     (options.LlamaIndexExtras, "Unknown arguments, LlamaIndex"),
 ]

@@ -17,9 +17,11 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -192,6 +194,48 @@ def test_install_from_the_mirror_in_seconds_without_a_compiler_then_serve(
             mgr._manager.release_all()
         shutil.rmtree(run_dir, ignore_errors=True)
     assert not record.exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=lambda s: s.name)
+def test_an_install_killed_mid_download_leaves_nothing_that_breaks_the_next(
+        mirror: Callable[..., ReleasesServer], home: Path, tmp_path: Path, sig: signal.Signals) -> None:
+    """The kill matrix's install row (docs/reliability.md): `server install` killed with half the archive
+    downloaded installs nothing, and the next install (same lock, same bin dir) completes and leaves no staging
+    directory behind."""
+    stall = threading.Event()
+    srv = mirror(stall=stall)
+    env = env_without_build_tools(tmp_path)
+    env["GGUF_PROVIDER_LLAMA_RELEASES_URL"] = srv.base_url
+    cmd = [*CLI, "server", "install", "--from", "prebuilt"]  # never the 8-minute source build
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(r.path == f"/files/{ASSET}" for r in srv.requests):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
+            time.sleep(0.05)
+        def partial() -> bool:
+            return any(f.stat().st_size for f in paths.bin_dir().glob(".staging-*/download/*"))
+
+        while not partial():
+            assert time.monotonic() < deadline, "no partial download appeared"
+            time.sleep(0.05)
+        os.kill(proc.pid, sig)
+        proc.wait(10)
+    finally:
+        stall.set()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    target = install.prebuilt_dir(TAG, "cpu")
+    assert not target.exists(), "a killed install left an install behind"
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.startswith(f"llama-server installed: {target / 'llama-server'} (")
+    assert (target / install.MARKER).is_file()
+    assert not list(paths.bin_dir().glob(".staging-*"))
 
 
 def test_first_use_installs_the_archive(mirror: Callable[..., ReleasesServer], home: Path, tmp_path: Path,

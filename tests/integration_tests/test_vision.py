@@ -30,7 +30,12 @@ from PIL import Image
 
 from gguf_provider import media
 from gguf_provider.engine import Engine, EngineConfig, resolve_spec
-from gguf_provider.errors import MediaFetchError, ModelNotFoundError, UnsupportedInputError
+from gguf_provider.errors import (
+    MediaFetchError,
+    MediaURLRefusedError,
+    ModelNotFoundError,
+    UnsupportedInputError,
+)
 from gguf_provider.langchain import ChatGGUF
 from gguf_provider.llama_index import GGUF
 
@@ -38,7 +43,9 @@ pytestmark = pytest.mark.timeout(300)
 
 N_CTX = 2048
 TEXT = "Describe this image."
-PARAMS: dict[str, Any] = {"n_ctx": N_CTX, "temperature": 0, "max_tokens": 1}
+# The image server below is on 127.0.0.1, which image URLs may reach only when allowed (docs/security.md).
+LOCAL = ["127.0.0.1"]
+PARAMS: dict[str, Any] = {"n_ctx": N_CTX, "temperature": 0, "max_tokens": 1, "media_allow_hosts": LOCAL}
 
 
 def _png(size: tuple[int, int] = (64, 64), color: tuple[int, int, int] = (200, 30, 30)) -> bytes:
@@ -330,6 +337,27 @@ def test_too_large_image_url(llm: ChatGGUF, images: ImageServer, monkeypatch: py
         assert info.value.url == url
 
 
+def test_a_loopback_url_is_refused_by_default_and_never_reaches_the_server(
+        llm: ChatGGUF, images: ImageServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without media_allow_hosts an image URL on 127.0.0.1 is refused before anything connects: neither we nor
+    llama-server (which would fetch an http:// URL itself) request it; the same server then fetches it for a
+    model that lists the host."""
+    monkeypatch.delenv(media.ALLOW_HOSTS_ENV, raising=False)
+    strict = ChatGGUF(model_path=llm.model_path, vision=True, **{**PARAMS, "media_allow_hosts": None})
+    url = images.url("red.png?strict")
+    message = [HumanMessage(content=[{"type": "text", "text": TEXT}, {"type": "image", "url": url}])]
+    for call in (lambda: strict.invoke(message), lambda: asyncio.run(strict.ainvoke(message))):
+        with pytest.raises(MediaURLRefusedError, match="loopback address") as info:
+            call()
+        assert info.value.reason == "loopback" and info.value.url == url
+    assert images.agents("red.png?strict") == []  # nobody asked for it
+    assert strict.engine.info.key == llm.engine.info.key  # the same server, which is alive and answers
+    monkeypatch.setenv(media.ALLOW_HOSTS_ENV, "127.0.0.1")
+    strict.invoke(message)
+    assert images.agents("red.png?strict") == [media._USER_AGENT]
+    strict.unload()
+
+
 def test_https_url_is_fetched_by_us(llm: ChatGGUF) -> None:
     """Our llama-server build answers an https image URL with HTTP 500 "HTTPS is not supported"; we fetch it
     ourselves, so a failure is ours and typed (here: nothing listens on port 9)."""
@@ -388,7 +416,7 @@ def test_attached_server_takes_images_too(llm: ChatGGUF, images: ImageServer, ba
     """Attached to the same server (base_url = its socket): modalities from /props, URLs fetched by us."""
     address = llm.engine.info.address
     attached = ChatGGUF(base_url=address.socket or address.base_url, api_key=address.api_key, temperature=0,
-                        max_tokens=1)
+                        max_tokens=1, media_allow_hosts=LOCAL)
     assert attached.load().engine.modalities()["vision"] is True
     n = _lc_prompt_tokens(attached, [{"type": "text", "text": TEXT}, {"type": "image", "url": images.url("red.png")}])
     assert n - base_tokens == image_tokens

@@ -5,7 +5,8 @@ llama.cpp's release workflow packs them, built from our own llama-server.
 ``digest: "sha256:..."`` and ``browser_download_url``; ``/download/<tag>/<name>`` redirects (302) to
 ``/files/<name>``, which serves the bytes. ``status`` makes the API answer a rate limit (403 with
 ``x-ratelimit-remaining: 0``, 422, 429) instead; ``corrupt`` serves an asset with one byte changed while the API
-still publishes the good digest. Every request is recorded with its headers.
+still publishes the good digest; ``stall`` holds a download halfway until it is set. Every request is recorded
+with its headers.
 
 ``build_archive`` packs files as ``llama-<tag>-bin-ubuntu-x64.tar.gz`` does: everything under one top directory
 ``llama-<tag>/`` (release.yml: ``tar -czvf ... --transform "s,^\\.,llama-<tag>," -C ./build/bin .``), with the
@@ -46,6 +47,8 @@ class ReleasesServer:
     status: int | None = None  # answer the release lookup with this HTTP status instead
     corrupt: set[str] = field(default_factory=set)
     requests: list[Request] = field(default_factory=list)
+    # Set: an asset's download sends half its bytes, then waits for the event (a download to interrupt).
+    stall: threading.Event | None = None
 
     def __post_init__(self) -> None:
         server = self
@@ -100,7 +103,10 @@ class ReleasesServer:
             data = self.files[m.group(1)]
             if m.group(1) in self.corrupt:
                 data = data[:len(data) // 2] + bytes([data[len(data) // 2] ^ 0xFF]) + data[len(data) // 2 + 1:]
-            self._send(h, 200, data, "application/octet-stream")
+            if self.stall is not None:
+                self._send_stalled(h, data, self.stall)
+            else:
+                self._send(h, 200, data, "application/octet-stream")
         else:
             self._send(h, 404, json.dumps({"message": "Not Found"}).encode(), "application/json")
 
@@ -115,6 +121,21 @@ class ReleasesServer:
         h.end_headers()
         try:
             h.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+
+    @staticmethod
+    def _send_stalled(h: BaseHTTPRequestHandler, body: bytes, stall: threading.Event) -> None:
+        h.send_response(200)
+        h.send_header("Content-Type", "application/octet-stream")
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        try:
+            h.wfile.write(body[:len(body) // 2])
+            h.wfile.flush()
+            stall.wait(120)
+            h.wfile.write(body[len(body) // 2:])
         except (BrokenPipeError, ConnectionResetError):
             pass
 

@@ -13,7 +13,7 @@ import pytest
 from langchain_core.messages import HumanMessage
 from llama_index.core.base.llms.types import ChatMessage, ImageBlock, TextBlock
 
-from gguf_provider import ChatGGUF, MediaFetchError, UnsupportedInputError, media
+from gguf_provider import ChatGGUF, MediaFetchError, MediaURLRefusedError, UnsupportedInputError, media
 from gguf_provider.limits import char_bound, template_payload
 from gguf_provider.llama_index import GGUF
 from tests.support.replay import BASE_URL, Replay, load_replay
@@ -21,6 +21,19 @@ from tests.support.replay import BASE_URL, Replay, load_replay
 PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
 DATA_URI = "data:image/png;base64," + base64.b64encode(PNG).decode()
 URL = "https://images.example/cat.png"
+
+
+# A hosts table instead of DNS (unit tests resolve nothing): public-looking names, one of them pointing home.
+HOSTS = {"images.example": ["93.184.216.34"], "cdn.example": ["93.184.216.35"],
+         "innocent.example": ["127.0.0.1"], "mixed.example": ["93.184.216.36", "10.1.2.3"],
+         "images.test": ["127.0.0.1"], "redirector.test": ["127.0.0.1"]}
+
+
+@pytest.fixture(autouse=True)
+def _hosts(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = media.resolve
+    monkeypatch.setattr(media, "resolve", lambda host, port: HOSTS[host] if host in HOSTS else real(host, port))
+    monkeypatch.delenv(media.ALLOW_HOSTS_ENV, raising=False)
 
 
 def _user(*parts: dict[str, Any]) -> list[dict[str, Any]]:
@@ -146,9 +159,24 @@ def test_untyped_image_is_sniffed() -> None:
 
 
 def test_other_schemes_are_refused() -> None:
-    for url in ("file:///etc/passwd", "ftp://host/x.png", "cat.png"):
-        with pytest.raises(MediaFetchError, match="neither http"):
+    for url in ("ftp://host/x.png", "cat.png", "gopher://127.0.0.1:70/"):
+        with pytest.raises(MediaURLRefusedError, match="neither http") as info:
             media.prepare({"messages": _user(_image(url))}, {"vision": True}, model="m")
+        assert info.value.reason == "scheme"
+    with pytest.raises(MediaURLRefusedError, match="'file:' to media_allow_hosts") as info:
+        media.prepare({"messages": _user(_image("file:///etc/passwd"))}, {"vision": True}, model="m")
+    assert info.value.reason == "file"
+
+
+def test_file_urls_are_read_when_asked_for(tmp_path: Any) -> None:
+    (tmp_path / "a.png").write_bytes(PNG)
+    (tmp_path / "notes.txt").write_text("not an image")
+    policy = media.FetchPolicy.parse(["file:"])
+    payload = {"messages": _user(_image((tmp_path / "a.png").as_uri()))}
+    out = media.prepare(payload, {"vision": True}, model="m", policy=policy)
+    assert out["messages"][0]["content"][1]["image_url"]["url"] == DATA_URI
+    with pytest.raises(MediaFetchError, match="not an image"):
+        media.fetch((tmp_path / "notes.txt").as_uri(), policy=policy)
 
 
 async def test_afetch_and_aprepare() -> None:
@@ -259,3 +287,216 @@ def test_langchain_image_block_without_data_is_a_value_error() -> None:
         to_openai([HumanMessage(content=[{"type": "image", "file_id": "file-123"}])], keep_reasoning=False)
 
 
+
+
+# --- where image URLs may point: a real HTTP server on 127.0.0.1 and a redirector ---------------------------------
+
+
+class _Web:
+    """A loopback HTTP server: ``/cat.png`` (a PNG) and ``/to?URL`` (a 302 to URL); records each request's Host."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+        from urllib.parse import unquote
+
+        hosts: list[str] = []
+        self.hosts = hosts
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                hosts.append(self.headers.get("Host", ""))
+                if self.path.startswith("/to?"):
+                    self.send_response(302)
+                    self.send_header("Location", unquote(self.path[4:]))
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "image/png")
+                self.send_header("Content-Length", str(len(PNG)))
+                self.end_headers()
+                self.wfile.write(PNG)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def url(self, path: str, host: str = "127.0.0.1") -> str:
+        return f"http://{host}:{self.port}/{path}"
+
+
+@pytest.fixture
+def web() -> Any:
+    server = _Web()
+    yield server
+    server.httpd.shutdown()
+    server.httpd.server_close()
+
+
+def test_loopback_is_refused_by_default_before_any_connection(web: _Web) -> None:
+    for host in ("127.0.0.1", "localhost", "[::ffff:127.0.0.1]"):
+        url = web.url("cat.png", host)
+        with pytest.raises(MediaURLRefusedError, match="loopback address.*media_allow_hosts") as info:
+            media.fetch(url)
+        assert info.value.url == url and info.value.reason == "loopback"
+        assert media.ALLOW_HOSTS_ENV in str(info.value)
+    assert web.hosts == []
+
+
+@pytest.mark.parametrize("allow", [["127.0.0.1"], "127.0.0.1", ["*"], ["127.0.0.0/8"], "localhost, 127.0.0.1"])
+def test_loopback_is_fetched_when_allowed(web: _Web, allow: Any) -> None:
+    assert media.fetch(web.url("cat.png"), policy=media.FetchPolicy.parse(allow)) == DATA_URI
+
+
+def test_the_env_var_allows_hosts(web: _Web, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(media.ALLOW_HOSTS_ENV, "127.0.0.1")
+    assert media.fetch(web.url("cat.png")) == DATA_URI
+    assert media.FetchPolicy.parse([]) == media.FetchPolicy()  # an explicit empty list ignores the env var
+
+
+def test_a_public_looking_name_resolving_to_loopback_is_refused(web: _Web) -> None:
+    with pytest.raises(MediaURLRefusedError, match=r"innocent.example \(127.0.0.1\) is a loopback address"):
+        media.fetch(web.url("cat.png", "innocent.example"))
+    with pytest.raises(MediaURLRefusedError, match=r"mixed.example \(10.1.2.3\) is a private address"):
+        media.fetch("http://mixed.example/cat.png")  # one internal address among public ones is enough
+    assert web.hosts == []
+
+
+def test_the_connection_goes_to_the_checked_address(web: _Web) -> None:
+    """images.test is allowed and resolves (in our table only) to 127.0.0.1: the fetch connects there without a
+    second lookup, and the server sees the name in Host."""
+    url = web.url("cat.png", "images.test")
+    assert media.fetch(url, policy=media.FetchPolicy.parse(["images.test"])) == DATA_URI
+    assert web.hosts == [f"images.test:{web.port}"]
+
+
+@pytest.mark.parametrize("target", ["http://127.0.0.1:{port}/cat.png", "http://169.254.169.254/latest/meta-data/",
+                                    "http://10.0.0.1/x.png", "http://[::1]:{port}/cat.png",
+                                    "http://innocent.example:{port}/cat.png"])
+def test_a_redirect_to_an_internal_address_is_refused(web: _Web, target: str) -> None:
+    """The redirector is allowed by name; where it sends us is checked again, hop by hop."""
+    from urllib.parse import quote
+
+    url = web.url("to?" + quote(target.format(port=web.port), safe=""), "redirector.test")
+    policy = media.FetchPolicy.parse(["redirector.test"])
+    with pytest.raises(MediaURLRefusedError, match="redirected to .* was not fetched") as info:
+        media.fetch(url, policy=policy)
+    assert info.value.url == url
+    assert web.hosts == [f"redirector.test:{web.port}"]  # only the redirector was asked
+
+
+def test_an_allowed_redirect_is_followed(web: _Web) -> None:
+    from urllib.parse import quote
+
+    url = web.url("to?" + quote(web.url("cat.png", "images.test"), safe=""), "redirector.test")
+    policy = media.FetchPolicy.parse(["redirector.test", "images.test"])
+    assert media.fetch(url, policy=policy) == DATA_URI
+    assert web.hosts == [f"redirector.test:{web.port}", f"images.test:{web.port}"]
+
+
+async def test_async_fetch_checks_the_same(web: _Web) -> None:
+    from urllib.parse import quote
+
+    with pytest.raises(MediaURLRefusedError, match="loopback"):
+        await media.afetch(web.url("cat.png"))
+    redirect = web.url("to?" + quote(web.url("cat.png"), safe=""), "redirector.test")
+    with pytest.raises(MediaURLRefusedError, match="redirected to"):
+        await media.afetch(redirect, policy=media.FetchPolicy.parse(["redirector.test"]))
+    assert await media.afetch(web.url("cat.png"), policy=media.FetchPolicy.parse("127.0.0.1")) == DATA_URI
+
+
+def test_a_redirect_through_a_mock_transport_is_checked_too() -> None:
+    routes = {URL: httpx.Response(302, headers={"location": "http://10.0.0.5/internal.png"})}
+    with pytest.raises(MediaURLRefusedError, match=r"10.0.0.5 is a private address"):
+        media.fetch(URL, transport=_serve(routes))
+
+
+@pytest.mark.parametrize(("address", "why"), [
+    ("127.0.0.1", "loopback"), ("::1", "loopback"), ("::ffff:127.0.0.1", "loopback"), ("0.0.0.0", "unspecified"),
+    ("169.254.169.254", "link-local"), ("fe80::1", "link-local"), ("10.0.0.1", "private"), ("192.168.1.1", "private"),
+    ("172.16.0.1", "private"), ("fc00::1", "private"), ("224.0.0.1", "multicast"), ("ff0e::1", "multicast"),
+    ("240.0.0.1", "private"), ("100.64.0.1", "non-public"), ("8.8.8.8", None), ("2606:4700::1111", None),
+])
+def test_not_public(address: str, why: str | None) -> None:
+    got = media.not_public(address)
+    assert (got is None) if why is None else (got is not None and got.startswith(why))
+
+
+def test_the_option_reaches_the_policy_and_llama_server_sees_no_url(chat_replay: Replay, web: _Web) -> None:
+    """Through ChatGGUF over a replayed vision server: a loopback URL is refused before any request; listed in
+    media_allow_hosts, it is fetched and inlined."""
+    replay = _with_vision(chat_replay)
+    message = [HumanMessage(content=[{"type": "text", "text": "What is this?"},
+                                     {"type": "image", "url": web.url("cat.png")}])]
+    strict = ChatGGUF(base_url=BASE_URL, transport=replay.transport, max_tokens=50)
+    with pytest.raises(MediaURLRefusedError, match="loopback"):
+        strict.invoke(message)
+    assert replay.bodies("/v1/chat/completions") == [] and web.hosts == []
+    allowed = ChatGGUF(base_url=BASE_URL, transport=replay.transport, max_tokens=50, media_allow_hosts="127.0.0.1")
+    assert allowed.engine.config.media_allow_hosts == ("127.0.0.1",)
+    allowed.invoke(message)
+    sent = replay.bodies("/v1/chat/completions")[-1]
+    assert sent["messages"][0]["content"][1] == {"type": "image_url", "image_url": {"url": DATA_URI}}
+
+
+@pytest.mark.parametrize(("location", "error", "match"), [
+    ("file:///etc/passwd", MediaURLRefusedError, "only http"),
+    ("gopher://images.example/", MediaURLRefusedError, "only http"),
+    ("http:///nohost.png", MediaFetchError, "names no host|not a valid URL"),
+])
+def test_a_redirect_elsewhere_than_http_is_refused(location: str, error: type[Exception], match: str) -> None:
+    routes = {URL: httpx.Response(302, headers={"location": location})}
+    with pytest.raises(error, match=match) as info:
+        media.fetch(URL, transport=_serve(routes))
+    assert isinstance(info.value, MediaFetchError) and info.value.url == URL
+
+
+@pytest.mark.skipif(not __import__("shutil").which("openssl"), reason="needs the openssl command for a certificate")
+def test_https_to_the_checked_address_verifies_the_name(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An https server on 127.0.0.1 with a certificate for images.test only: the fetch connects to the address it
+    checked and verifies the certificate (and sends SNI) for the name; a name the certificate lacks fails."""
+    import http.server
+    import ssl
+    import subprocess
+    import threading
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                    "/CN=images.test", "-addext", "subjectAltName=DNS:images.test", "-keyout", str(key), "-out",
+                    str(cert)], check=True, capture_output=True)
+    names: list[str | None] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", str(len(PNG)))
+            self.end_headers()
+            self.wfile.write(PNG)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    context.sni_callback = lambda sock, name, ctx: names.append(name)
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    port = httpd.server_address[1]
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # httpx trusts it
+    HOSTS["other.test"] = ["127.0.0.1"]
+    try:
+        policy = media.FetchPolicy.parse(["images.test", "other.test"])
+        assert media.fetch(f"https://images.test:{port}/cat.png", policy=policy) == DATA_URI
+        assert names == ["images.test"]
+        with pytest.raises(MediaFetchError, match="CERTIFICATE_VERIFY_FAILED|certificate|hostname"):
+            media.fetch(f"https://other.test:{port}/cat.png", policy=policy)
+    finally:
+        del HOSTS["other.test"]
+        httpd.shutdown()
+        httpd.server_close()

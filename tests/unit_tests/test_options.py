@@ -30,7 +30,8 @@ EXTRA = {ChatGGUF: "model_kwargs", GGUFEmbeddings: "model_kwargs", GGUF: "additi
 # EngineConfig fields no user sets: the adapter kind decides `embedding`; `progress` is for the front ends
 # (magics, CLI) that draw it.
 INTERNAL = {"embedding", "progress"}
-CHAT_ONLY = {"chat_template", "chat_template_file", "reasoning_format", "vision", "mmproj", "speculative"}
+CHAT_ONLY = {"chat_template", "chat_template_file", "reasoning_format", "vision", "mmproj", "speculative",
+             "media_allow_hosts"}
 EMBEDDING_ONLY = {"pooling"}
 
 

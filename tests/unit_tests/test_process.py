@@ -6,9 +6,11 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from gguf_provider.errors import ServerStartError
@@ -71,3 +73,31 @@ def test_stop_child_kills_what_ignores_sigterm() -> None:
     process.stop_child(proc, grace=0.2)
     assert proc.returncode == -9
     proc.stdout.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_child_forked_with_dies_with_parent_dies_with_it() -> None:
+    """A parent forks a sleeper with dies_with_parent() and is SIGKILLed: the kernel kills the sleeper too (what
+    keeps `rpc-worker`'s rpc-server and private llama-servers from outliving us)."""
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        "from gguf_provider.runtime.process import dies_with_parent\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], preexec_fn=dies_with_parent())\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(60)\n")], stdout=subprocess.PIPE, start_new_session=True)
+    assert parent.stdout is not None
+    child = psutil.Process(int(parent.stdout.readline()))
+    parent.kill()
+    parent.wait(5)
+    parent.stdout.close()
+    deadline = time.monotonic() + 5
+    while _alive(child):
+        assert time.monotonic() < deadline, "the child outlived its SIGKILLed parent"
+        time.sleep(0.05)
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
