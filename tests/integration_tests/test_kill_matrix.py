@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 
@@ -13,6 +12,7 @@ import psutil
 import pytest
 
 from gguf_provider.runtime import registry, rpc
+from gguf_provider.runtime.process import free_port
 from tests.integration_tests.test_rpc import Worker
 from tests.support.runtime import ROOT, RuntimeEnv, pid_alive, wait_until
 
@@ -23,19 +23,13 @@ SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL, signal.
 GONE_WITHIN = 5.0  # seconds
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _gone(p: psutil.Process) -> bool:
     return not pid_alive(p.pid) or not p.is_running()  # a reused pid is another process
 
 
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
 def test_rpc_worker_leaves_no_rpc_server_behind(rt: RuntimeEnv, sig: signal.Signals) -> None:
-    worker = Worker(_free_port())  # its own session: the signal reaches the command only, not its child
+    worker = Worker(free_port())  # its own session: the signal reaches the command only, not its child
     try:
         worker.wait_listening()
         child = worker.rpc_server()
@@ -49,7 +43,7 @@ def test_rpc_worker_leaves_no_rpc_server_behind(rt: RuntimeEnv, sig: signal.Sign
 
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
 def test_serve_leaves_no_server_behind(rt: RuntimeEnv, sig: signal.Signals) -> None:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "gguf_provider.cli", "serve", str(rt.model), "--ctx", "1024",
                              "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=ROOT, start_new_session=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))

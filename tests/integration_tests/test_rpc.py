@@ -8,7 +8,6 @@ import json
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ from gguf_provider.engine import Engine, EngineConfig
 from gguf_provider.errors import RPCWorkerLostError, RPCWorkerUnreachableError
 from gguf_provider.events import TextDelta
 from gguf_provider.runtime import rpc
+from gguf_provider.runtime.process import free_port
 from tests.support.runtime import ROOT, RuntimeEnv, wait_until
 
 pytestmark = pytest.mark.timeout(300)
@@ -31,12 +31,6 @@ QUESTION = {"messages": [{"role": "user", "content": "Name three colors of the r
             "max_tokens": 40}
 LONG = {"messages": [{"role": "user", "content": "Count from 1 to 300, one number per line."}], "temperature": 0,
         "max_tokens": 400}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Worker:
@@ -82,7 +76,7 @@ class Worker:
 
 @pytest.fixture
 def workers(rt: RuntimeEnv) -> Iterator[list[Worker]]:
-    started = [Worker(_free_port()), Worker(_free_port())]
+    started = [Worker(free_port()), Worker(free_port())]
     try:
         for w in started:
             w.wait_listening()
@@ -174,7 +168,7 @@ def test_a_worker_killed_mid_stream_is_a_typed_error_then_named_on_the_next_call
 
 
 def test_a_wrong_port_is_a_typed_error_within_seconds(rt: RuntimeEnv) -> None:
-    port = _free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     t0 = time.monotonic()
     with pytest.raises(RPCWorkerUnreachableError, match=rf"RPC worker 127\.0\.0\.1:{port} cannot be reached"):
         Engine(EngineConfig(model_path=str(rt.model), n_ctx=1024, rpc_servers=(f"127.0.0.1:{port}",))).load()
@@ -198,7 +192,7 @@ def test_a_busy_worker_is_named_not_waited_for(rt: RuntimeEnv, workers: list[Wor
 
 
 def test_rpc_worker_refuses_a_non_loopback_host_without_the_flag(rt: RuntimeEnv) -> None:
-    port = _free_port()
+    port = free_port()
     out = rt.gguf_cli("rpc-worker", "--host", "0.0.0.0", "--port", str(port), timeout=30)
     assert out.returncode == 2
     assert "no authentication" in out.stderr and "--i-know-rpc-is-unauthenticated" in out.stderr
