@@ -12,6 +12,7 @@ from .errors import (
     BinaryNotFoundError,
     BuildError,
     ContextOverflowError,
+    DeviceOutOfMemoryError,
     DraftModelMismatchError,
     GGUFFormatError,
     GGUFProviderError,
@@ -75,7 +76,8 @@ def unload_ipython_extension(ipython: Any) -> None:
 
 
 __all__ = [
-    "APIError", "BinaryNotFoundError", "BuildError", "ChatGGUF", "ContextOverflowError", "DraftModelMismatchError",
+    "APIError", "BinaryNotFoundError", "BuildError", "ChatGGUF", "ContextOverflowError", "DeviceOutOfMemoryError",
+    "DraftModelMismatchError",
     "GGUF", "GGUFEmbedding", "GGUFEmbeddings",
     "GGUFFormatError", "GGUFProviderError", "InsufficientDiskError", "InsufficientMemoryError", "MediaFetchError",
     "MediaURLRefusedError", "MissingShardError",

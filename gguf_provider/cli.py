@@ -1,6 +1,6 @@
 """The ``gguf-provider`` command line, every command in this one module: ``server install|info|path|version``,
-``pull``, ``models``, ``serve``, ``embed``, ``ps``, ``stop``. :func:`build_parser` builds the whole parser; :func:`main` is the
-entry point."""
+``pull``, ``models``, ``serve``, ``embed``, ``ps``, ``devices``, ``stop``. :func:`build_parser` builds the whole
+parser; :func:`main` is the entry point."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _bar(total: int, desc: str) -> Any:
 
 
 def cmd_server_install(args: argparse.Namespace) -> int:
-    from .runtime import install
+    from .runtime import backend, install
 
     bar: Any = None
 
@@ -55,11 +55,12 @@ def cmd_server_install(args: argparse.Namespace) -> int:
     what = "installed" if inst.fresh else "already installed"
     print(f"llama-server {what}: {inst.server} ({inst.version}, backend {inst.backend}, {inst.describe()}, "
           f"{took:.1f} s)")
+    print(backend.judge(inst.server, inst.backend, backend.current_host()).line)  # which backend and why
     return 0
 
 
 def cmd_server_info(args: argparse.Namespace) -> int:
-    from .runtime import discovery, install
+    from .runtime import backend, discovery, install
     from .runtime.rpc import NAMES as rpc_names
 
     found = discovery.locate()
@@ -78,10 +79,14 @@ def cmd_server_info(args: argparse.Namespace) -> int:
         "tools": tools,
         "flags": caps.flags,
     }
+    verdict = backend.in_use(path)
+    info["backend"] = {"build": verdict.build, "chosen": verdict.choice.backend, "why": verdict.why,
+                       "host": backend.current_host().to_json()}
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
     print(f"path:     {path}\nfound by: {how}\nversion:  {caps.version}\norigin:   {info['origin']}")
+    print(f"backend:  {verdict.why}")
     print(f"beside:   {', '.join(tools) or 'no rpc-server or tools'}")
     print("flags:")
     for flag, ok in sorted(caps.flags.items()):
@@ -90,9 +95,12 @@ def cmd_server_info(args: argparse.Namespace) -> int:
 
 
 def cmd_server_path(args: argparse.Namespace) -> int:
+    from .runtime import backend
     from .runtime.discovery import find_llama_server
 
-    print(find_llama_server())  # reports; `server install` installs
+    path = find_llama_server()
+    print(path)  # stdout is the bare path (scripts read it); `server install` installs
+    print(f"gguf-provider: {backend.in_use(path).why}", file=sys.stderr)
     return 0
 
 
@@ -125,9 +133,75 @@ def cmd_ps(args: argparse.Namespace) -> int:
         print(f"{r.id}  pid {r.pid:>7}  ctx {r.ctx:>6}  mem {r.memory / 2**20:6.0f} MiB (rss "
               f"{r.rss / 2**20:.0f})  leases {r.leases}  last used {now - r.last_used:6.0f}s ago  {r.model}  "
               f"{r.address}" + (f"  workers {','.join(r.workers)}" if r.workers else "")
-              + (f"  {r.describe_options()}" if r.describe_options() else ""))
+              + (f"  {r.describe_options()}" if r.describe_options() else "")
+              + (f"\n    on {r.describe_placement()}" if r.placement else ""))
     print(budget.describe())
     return 0
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    from .runtime import devices, discovery, rpc
+
+    try:
+        workers = rpc.normalize(args.rpc)
+    except ValueError as exc:
+        print(f"gguf-provider: error: --rpc: {exc}", file=sys.stderr)
+        return 2
+    found = discovery.locate()
+    try:
+        listed = devices.machine_devices(found[0] if found else None, rpc=workers)
+    except ValueError as exc:  # a malformed $GGUF_PROVIDER_DEVICE_LIMIT
+        print(f"gguf-provider: error: {exc}", file=sys.stderr)
+        return 2
+    if workers and not any(d.kind == "rpc" for d in listed):
+        print(f"gguf-provider: warning: no RPC device listed for {','.join(workers)}: is `gguf-provider rpc-worker` "
+              "running there and reachable?", file=sys.stderr)
+    if args.json:
+        print(json.dumps([d.to_json() for d in listed], indent=2))
+        return 0
+    rows = [("name", "kind", "description", "free / total")]
+    rows += [(d.name, d.kind, d.description, f"{d.free / 2**30:.1f} / {d.total / 2**30:.1f} GiB") for d in listed]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for r in rows:
+        print("  ".join([*(c.ljust(w) for c, w in zip(r[:3], widths, strict=True)), r[3]]))
+    print(f"as seen by {found[0]}" if found else
+          "no llama-server found (`gguf-provider server install`): GPUs from nvidia-smi")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .runtime import devices, discovery, gguf, plan, rpc
+    from .runtime.models import resolve_model
+
+    try:
+        named = devices.number_devices([devices.parse_device_arg(d) for d in args.device])
+        workers = rpc.normalize(args.rpc)
+        devices.device_limits()  # a malformed $GGUF_PROVIDER_DEVICE_LIMIT is said before anything runs
+    except ValueError as exc:
+        print(f"gguf-provider: error: {exc}", file=sys.stderr)
+        return 2
+    model = resolve_model(args.spec, quant=args.quant)
+    header = gguf.read_header(model.path)
+    if named:
+        listed = named if any(d.kind == "cpu" for d in named) else [*named, devices.host_device()]
+        where = "the devices named"
+    else:
+        found = discovery.locate()
+        listed = devices.machine_devices(found[0] if found else None, rpc=workers)
+        where = f"this machine as {found[0]} sees it" if found else "this machine (no llama-server yet: nvidia-smi)"
+    outputs = plan.SPECULATIVE_OUTPUTS if args.speculative else 4
+    placed = plan.for_model(header, list(model.shards), listed, n_ctx=args.ctx, n_gpu_layers=args.n_gpu_layers,
+                            cache_type=args.kv_cache_type, model=model.path.name, n_outputs=outputs)
+    if args.json:
+        print(json.dumps(placed.to_json(), indent=2))
+    else:
+        print(placed.describe())
+        extra = plan.logits_bytes(header, plan.SPECULATIVE_OUTPUTS) - plan.logits_bytes(header)
+        print(f"(planned for {where}; nothing was started. " + (
+            "With speculative decoding's drafted logits on the output device." if args.speculative else
+            f"Speculative decoding, the chat adapters' default, holds {extra / 2**20:,.0f} MiB more logits on the "
+            f"output device: --speculative plans for it.") + ")")
+    return 0 if placed.fits else 1
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
@@ -345,6 +419,24 @@ def build_parser() -> argparse.ArgumentParser:
              json_flag=True)
 
     _command(sub, "ps", cmd_ps, "list the servers gguf-provider started", json_flag=True)
+    devs = _command(sub, "devices", cmd_devices,
+                    "the devices llama-server can use (its --list-devices) and the host RAM, with free memory",
+                    json_flag=True)
+    devs.add_argument("--rpc", default="", metavar="HOST:PORT,...", help="RPC workers to list as devices too")
+    plan = _command(sub, "plan", cmd_plan, "where a model's layers, KV cache and context would go, without starting "
+                    "anything (exit status 1 when it does not fit)", json_flag=True)
+    plan.add_argument("spec", help="a model: path, name in the models dir, or org/repo[:QUANT]")
+    plan.add_argument("--quant")
+    plan.add_argument("--ctx", type=int, help="the context to plan for (default: chosen as a start would)")
+    plan.add_argument("--n-gpu-layers", type=int, metavar="N", help="layers on the GPUs (default: as many as fit)")
+    plan.add_argument("--kv-cache-type", default="f16", metavar="TYPE")
+    plan.add_argument("--device", action="append", default=[], metavar="KIND:MEMORY",
+                      help="plan for this device instead of this machine's (repeatable): cuda:8GiB, vulkan:300MiB, "
+                           "metal:24GiB, cpu:64GiB for RAM (without a cpu: entry, this machine's free RAM)")
+    plan.add_argument("--rpc", default="", metavar="HOST:PORT,...", help="RPC workers to plan over")
+    plan.add_argument("--speculative", action="store_true",
+                      help="count speculative decoding's drafted logits on the output device (ChatGGUF's and GGUF's "
+                           "default speculative='auto' does it; a start always counts what it runs)")
     stop = _command(sub, "stop", cmd_stop, "stop a server by id (prefix) or all of them")
     stop.add_argument("id", nargs="?")
     stop.add_argument("--all", action="store_true")

@@ -15,6 +15,7 @@ Every error the library raises on purpose derives from :class:`GGUFProviderError
     │   ├── ModelDownloadError             the download failed or is incomplete
     │   └── DraftModelMismatchError        a draft model's vocabulary is not the model's .model .draft
     ├── InsufficientMemoryError            the model does not fit (free memory, budget, model count)
+    │   └── DeviceOutOfMemoryError         a start ran out of a device's memory         .device .needed
     ├── MediaFetchError                    an image URL could not be fetched           .url .status_code
     │   └── MediaURLRefusedError           ... not fetched: an internal address/scheme .reason
     ├── ServerError                        the llama-server process failed             .log_tail .log_path
@@ -101,6 +102,19 @@ class InsufficientDiskError(ModelError):
 
 class InsufficientMemoryError(GGUFProviderError):
     """The model does not fit in the available memory at any usable context."""
+
+
+class DeviceOutOfMemoryError(InsufficientMemoryError):
+    """llama-server ran out of a device's memory while loading (cudaMalloc, Vulkan's ErrorOutOfDeviceMemory, Metal),
+    after the start had been retried once with a smaller plan: ``device`` is llama.cpp's name for it (``CUDA0``),
+    ``needed`` the bytes of the allocation that failed (None when the log does not say)."""
+
+    def __init__(self, message: str, *, device: str | None = None, needed: int | None = None, log_tail: str = "",
+                 log_path: Path | None = None) -> None:
+        if log_tail:
+            message = f"{message}\n--- last llama-server log lines ({log_path}) ---\n{log_tail}"
+        super().__init__(message)
+        self.device, self.needed, self.log_tail, self.log_path = device, needed, log_tail, log_path
 
 
 # --- server --------------------------------------------------------------------------------------------------
@@ -236,6 +250,12 @@ class RepeatedToolCallWarning(UserWarning):
 class SpeculationWarning(UserWarning):
     """Speculative decoding was asked for (``speculative=``, default ``"auto"``) but the server runs without it: the
     llama-server build has no such flag, or the server turned it off. Said once per binary and reason."""
+
+
+class BackendWarning(UserWarning):
+    """The llama-server in use computes on the CPU of a machine with a GPU (a CPU build, or a GPU build this
+    machine's GPU cannot run); the message names the reason and the fix (docs/install.md#which-backend). Said once
+    per process and binary, at the first model start."""
 
 
 class MemoryBudgetWarning(UserWarning):

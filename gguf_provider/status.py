@@ -35,6 +35,14 @@ class ServerStatus:
     # Its llama-server options that differ from the defaults, by their declared names (runtime/server_options.py):
     # {"kv_cache_type": "q8_0", "n_gpu_layers": 12, ...}; empty for a server started before they were recorded.
     options: dict[str, Any] = field(default_factory=dict, hash=False)
+    # Where its model sits, per device (runtime/plan.py): [{"device": "CUDA0", "layers": "layers 12-23 + output",
+    # "n_layers": 13, "bytes": ...}, {"device": "CPU", ...}]; empty when everything is in RAM (no GPU-like device).
+    placement: list[dict[str, Any]] = field(default_factory=list, hash=False)
+
+    def describe_placement(self) -> str:
+        """``CUDA0 layers 12-23 + output (1,204 MiB), CPU layers 0-11 (980 MiB)``; "" when all is in RAM."""
+        return ", ".join(f"{p.get('device')} {p.get('layers')} ({int(p.get('bytes') or 0) / 2**20:,.0f} MiB)"
+                         for p in self.placement)
 
     def describe_options(self) -> str:
         """``name=value`` for each of :attr:`options` not shown on its own (the context, the workers)."""
@@ -50,11 +58,15 @@ class BudgetStatus:
     limit: int | None  # $GGUF_PROVIDER_MEMORY_LIMIT, None: the free memory at each start decides
     servers: int
     max_models: int | None  # $GGUF_PROVIDER_MAX_MODELS, None: no count limit
+    # What our servers' memory plans put on each device, by llama.cpp's name ({"CUDA0": bytes, "CPU": bytes});
+    # servers with no GPU-like device are not in it.
+    devices: dict[str, int] = field(default_factory=dict)
 
     def describe(self) -> str:
         limit = f"{self.limit / 2**20:.0f} MiB" if self.limit is not None else "free memory"
         count = f"{self.servers}/{self.max_models}" if self.max_models is not None else str(self.servers)
-        return f"memory budget: {self.used / 2**20:.0f} MiB used / {limit}; servers {count}"
+        per = "".join(f"; {name} {n / 2**20:,.0f} MiB planned" for name, n in self.devices.items())
+        return f"memory budget: {self.used / 2**20:.0f} MiB used / {limit}; servers {count}{per}"
 
 
 def running_servers() -> list[ServerStatus]:
@@ -70,14 +82,19 @@ def running_servers() -> list[ServerStatus]:
                                  memory=max(e.charge, rss), charge=e.charge,
                                  last_used=e.last_used or e.started_at or 0.0,
                                  holders=tuple(sorted(int(p) for p in e.leases)), workers=e.rpc_servers,
-                                 options=dict(e.options)))
+                                 options=dict(e.options), placement=[dict(p) for p in e.placement]))
     return rows
 
 
 def memory_budget(rows: list[ServerStatus] | None = None) -> BudgetStatus:
     rows = running_servers() if rows is None else rows
+    per_device: dict[str, int] = {}
+    for r in rows:
+        for p in r.placement:
+            name = str(p.get("device"))
+            per_device[name] = per_device.get(name, 0) + int(p.get("bytes") or 0)
     return BudgetStatus(used=sum(r.memory for r in rows), limit=budget.memory_limit(), servers=len(rows),
-                        max_models=budget.max_models())
+                        max_models=budget.max_models(), devices=per_device)
 
 
 def local_models() -> list[LocalModel]:

@@ -2,7 +2,7 @@
 shared engine layer (:mod:`gguf_provider.chat`), so streaming, reasoning and errors behave as in the LangChain and
 LlamaIndex adapters. What they draw lives in :mod:`.display`.
 
-``%gguf`` load, ps, list, unload, use, reset, history, config, or a one-shot prompt; ``%%gguf`` a chat turn whose
+``%gguf`` load, ps, devices, list, unload, use, reset, history, config, or a one-shot prompt; ``%%gguf`` a chat turn whose
 reply streams live into the cell output.
 """
 
@@ -147,7 +147,8 @@ class GGUFMagics(Magics):
 
     @line_cell_magic
     def gguf(self, line: str, cell: str | None = None) -> Any:
-        """%gguf load SPEC | ps | list | unload [NAME|--all] | use NAME | reset [NAME] | history | config | PROMPT
+        """%gguf load SPEC | ps | devices [--rpc HOST:PORT,...] | list | unload [NAME|--all] | use NAME | reset [NAME]
+        | history | config | PROMPT
         %%gguf [NAME] [-s SYSTEM] [-t TEMP] [-n MAX_TOKENS] [--no-history] [-o VAR] [-f FORMAT] [--think|--no-think]
         [--no-interpolate] [--image PATH_OR_URL ...]"""
         try:
@@ -169,7 +170,7 @@ class GGUFMagics(Magics):
         except ValueError as exc:
             raise UsageError(f"%gguf: {exc}") from None
         if not words:
-            raise UsageError("%gguf: give a subcommand (load, ps, list, unload, use, reset, history, config) or a "
+            raise UsageError("%gguf: give a subcommand (load, ps, devices, list, unload, use, reset, history, config) or a "
                              "prompt")
         cmd, rest = words[0], words[1:]
         handler = getattr(self, f"_cmd_{cmd}", None)
@@ -221,9 +222,30 @@ class GGUFMagics(Magics):
         now = time.time()
         rows = [{"id": r.id, "pid": r.pid, "model": r.model.rsplit("/", 1)[-1], "ctx": r.ctx, "leases": r.leases,
                  "memory": f"{r.memory / 2**20:.0f} MiB", "last used": f"{now - r.last_used:.0f} s ago",
-                 **({"workers": ", ".join(r.workers)} if any(s.workers for s in servers) else {})}
+                 **({"workers": ", ".join(r.workers)} if any(s.workers for s in servers) else {}),
+                 **({"devices": r.describe_placement() or "CPU"} if any(s.placement for s in servers) else {})}
                 for r in servers]
         return _Table(rows, "no servers running", status.memory_budget(servers).describe())
+
+    def _cmd_devices(self, args: list[str]) -> _Table:
+        from ..runtime import devices, discovery, rpc
+
+        p = _ArgParser(prog="%gguf devices", add_help=False)
+        p.add_argument("--rpc", default="", metavar="HOST:PORT,...")
+        ns = p.parse_args(args)
+        try:
+            workers = rpc.normalize(ns.rpc)
+        except ValueError as exc:
+            raise UsageError(f"%gguf devices: {exc}") from None
+        found = discovery.locate()
+        listed = devices.machine_devices(found[0] if found else None, rpc=workers)
+        rows = [{"name": d.name, "kind": d.kind, "description": d.description,
+                 "free / total": f"{d.free / 2**30:.1f} / {d.total / 2**30:.1f} GiB"} for d in listed]
+        footer = (f"as seen by {found[0]}" if found else
+                  "no llama-server found (`gguf-provider server install`): GPUs from nvidia-smi")
+        if workers and not any(d.kind == "rpc" for d in listed):
+            footer += f"; no RPC device listed for {','.join(workers)}: is `gguf-provider rpc-worker` running there?"
+        return _Table(rows, "no devices", footer)
 
     def _cmd_list(self, args: list[str]) -> _Table:
         rows = [{"name": m.name, "size": f"{m.size_bytes / 2**20:.0f} MiB", "path": m.path}

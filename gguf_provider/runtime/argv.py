@@ -23,7 +23,8 @@ SAFETY_FLAGS = ("--jinja", "--no-webui", "--offline")  # passed when the build h
 
 
 def build_argv(spec: ServerSpec, binary: Path, caps: ServerCapabilities, alias: str, n_ctx: int,
-               address: Address, api_key_file: Path | None, *, header_pooling: int | None = None) -> list[str]:
+               address: Address, api_key_file: Path | None, *, header_pooling: int | None = None,
+               placement: tuple[str, ...] = ()) -> list[str]:
     argv = [str(binary), "-m", str(spec.model), "--alias", alias, "-c", str(n_ctx)]
     argv += [flag for flag in SAFETY_FLAGS if caps.supports(flag)]
     if address.socket:
@@ -34,7 +35,7 @@ def build_argv(spec: ServerSpec, binary: Path, caps: ServerCapabilities, alias: 
         argv += ["--host", "127.0.0.1", "--port", port]
     if api_key_file is not None:
         argv += ["--api-key-file", str(api_key_file)]
-    build = Build(caps=caps, n_ctx=n_ctx, header_pooling=header_pooling)
+    build = Build(caps=caps, n_ctx=n_ctx, header_pooling=header_pooling, placement=placement)
     for option in IN_ARGV_ORDER:
         argv += option.flags_for(spec, build)
     return argv

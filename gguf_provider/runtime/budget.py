@@ -12,7 +12,6 @@ smaller automatic context (down to :data:`BUDGET_MIN_CONTEXT`, with a warning) o
 from __future__ import annotations
 
 import os
-import re
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -23,7 +22,8 @@ import filelock
 import psutil
 
 from ..errors import InsufficientMemoryError, MemoryBudgetWarning
-from . import fit, installed, paths, registry, rpc
+from . import devices, fit, installed, paths, registry, rpc
+from .fit import parse_size as parse_size  # re-exported: it lives with the other memory arithmetic
 from .gguf import GGUFHeader
 
 LIMIT_ENV = "GGUF_PROVIDER_MEMORY_LIMIT"
@@ -32,18 +32,6 @@ BUDGET_MIN_CONTEXT = 2048
 """The smallest automatic context the budget shrinks a model to (its native context if smaller); below it the
 start is refused: a chat model squeezed to a few hundred tokens surprises more than a clear error."""
 ADMISSION_TIMEOUT = 120.0
-
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
-          "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
-
-
-def parse_size(text: str) -> int:
-    """Bytes from ``"6GiB"``, ``"1.5 GB"``, ``"512MiB"`` or a plain number of bytes."""
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
-    unit = m[2].lower() if m else ""
-    if not m or unit not in _UNITS:
-        raise ValueError(f"not a memory size: {text!r} (e.g. 6GiB, 512MiB, 8GB or a number of bytes)")
-    return int(float(m[1]) * _UNITS[unit])
 
 
 def memory_limit() -> int | None:
@@ -319,6 +307,10 @@ class MemoryBudget:
 
     def memory(self, binary: Path, workers: Sequence[rpc.WorkerInfo]) -> fit.MemoryInfo:
         return fit_memory(binary, workers)
+
+    def devices(self, binary: Path, rpc: Sequence[str]) -> list[devices.Device]:
+        devices.clear_cache()  # free memory now, not at the last listing
+        return devices.machine_devices(binary, rpc=rpc)
 
     def rss(self, pid: int) -> int:
         return rss(pid)

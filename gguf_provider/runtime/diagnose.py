@@ -28,6 +28,7 @@ import httpx
 from ..errors import (
     APIError,
     ContextOverflowError,
+    DeviceOutOfMemoryError,
     GGUFFormatError,
     GGUFProviderError,
     RPCWorkerLostError,
@@ -146,6 +147,27 @@ def _rpc_lost(f: Failure, m: re.Match[str] | None) -> GGUFProviderError | None:
         gone, f.log_tail, f.log_path)
 
 
+_OUT_OF_DEVICE_MEMORY = re.compile(
+    r"failed to allocate (?P<device>(?!CPU)[A-Za-z_]+\d+(?:\[[^\]]*\])?) buffer of size (?P<bytes>\d+)|"
+    r"allocating (?P<mib>[\d.]+) MiB on device (?P<dev>\d+): cudaMalloc failed|ErrorOutOfDeviceMemory|"
+    r"ggml_metal\w*: error: failed to allocate")
+
+
+def _out_of_device_memory(f: Failure, m: re.Match[str] | None) -> GGUFProviderError | None:
+    groups: dict[str, str] = {}  # what every matching line says, the first word on each wins
+    for each in _OUT_OF_DEVICE_MEMORY.finditer(f.log_tail):
+        groups.update({k: v for k, v in each.groupdict().items() if v and k not in groups})
+    device = groups.get("device") or (f"CUDA{groups['dev']}" if groups.get("dev") else None)
+    needed = (int(groups["bytes"]) if groups.get("bytes") else
+              int(float(groups["mib"]) * 2**20) if groups.get("mib") else None)
+    asked = f" (an allocation of {needed / 2**20:,.0f} MiB failed)" if needed else ""
+    return DeviceOutOfMemoryError(
+        f"llama-server ran out of {device or 'device'} memory loading {f.model}{asked}. Levers: fewer layers on "
+        f"the GPU (n_gpu_layers), a smaller context (n_ctx), a quantized KV cache (kv_cache_type='q8_0'), a "
+        f"smaller quant of the model; `gguf-provider plan MODEL` shows what goes where",
+        device=device, needed=needed, log_tail=f.log_tail, log_path=f.log_path)
+
+
 def _context_overflow(f: Failure, m: re.Match[str] | None) -> GGUFProviderError | None:
     n_prompt, n_ctx = _int_or_none(f.error.get("n_prompt_tokens")), _int_or_none(f.error.get("n_ctx"))
     return ContextOverflowError(
@@ -184,6 +206,11 @@ TABLE: tuple[Rule, ...] = (
     # A model file cut short (llama-model-loader.h): "... error loading model: tensor 'x' data is not within ...".
     Rule("truncated-model", "start", GGUFFormatError, _truncated,
          log=re.compile(r"^[^\r\n]*data is not within the file bounds[^\r\n]*", re.MULTILINE)),
+    # Out of a device's memory while loading: ggml's allocator names the buffer ("failed to allocate CUDA0 buffer
+    # of size N", ggml-alloc.c), after the backend's own line (CUDA: "allocating X MiB on device 0: cudaMalloc
+    # failed: out of memory"; Vulkan: "ErrorOutOfDeviceMemory"; Metal: "failed to allocate buffer"). Seen on an H200.
+    Rule("out-of-device-memory", "start", DeviceOutOfMemoryError, _out_of_device_memory,
+         log=_OUT_OF_DEVICE_MEMORY),
     # A worker that no longer accepts connections after the server died during a request ...
     Rule("rpc-worker-gone", "crash", RPCWorkerLostError, _rpc_lost, when=lambda f: bool(f.gone)),
     # ... or, with all of them still answering, the server's own word that one broke off (ggml-rpc.cpp).

@@ -19,6 +19,8 @@ A draft model (speculative decoding) holds its own KV cache of the same context 
 from __future__ import annotations
 
 import math
+import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -43,6 +45,18 @@ CACHE_TYPES: dict[str, tuple[int, int]] = {
     "q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20), "iq4_nl": (32, 18), "q5_0": (32, 22), "q5_1": (32, 24),
 }
 DEFAULT_CACHE_TYPE = "f16"
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
+          "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``"6GiB"``, ``"1.5 GB"``, ``"512MiB"`` or a plain number of bytes."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = m[2].lower() if m else ""
+    if not m or unit not in _UNITS:
+        raise ValueError(f"not a memory size: {text!r} (e.g. 6GiB, 512MiB, 8GB or a number of bytes)")
+    return int(float(m[1]) * _UNITS[unit])
 
 
 def cache_type_bytes(cache_type: str) -> float:
@@ -234,29 +248,82 @@ def cgroup_memory_available(
     return min(found) if found else None
 
 
-def gpu_free_memory(timeout: float = 5.0) -> tuple[int, ...]:
-    """Free VRAM per NVIDIA GPU from nvidia-smi, in bytes; () when there is none or it fails."""
+@dataclass(frozen=True)
+class NvidiaGPU:
+    """One GPU as ``nvidia-smi`` lists it (``index`` is nvidia-smi's, in PCI bus order)."""
+
+    index: int
+    uuid: str
+    name: str
+    total: int  # bytes
+    free: int  # bytes
+
+
+def cuda_visible(gpus: tuple[NvidiaGPU, ...], visible: str | None) -> tuple[NvidiaGPU, ...]:
+    """The GPUs a CUDA program sees under ``CUDA_VISIBLE_DEVICES=visible``, in the order it numbers them.
+
+    As the CUDA runtime reads it: unset (None) = all; empty = none; a comma list of indices or ``GPU-<uuid>``
+    (a unique prefix is enough); the list stops at the first entry that is invalid, unknown or repeated (a
+    ``MIG-`` instance counts as unknown: nvidia-smi's per-GPU memory does not describe it). Indices are taken
+    as nvidia-smi's, i.e. PCI bus order: what CUDA uses with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, and by default
+    too unless the cards differ in speed.
+    """
+    if visible is None:
+        return gpus
+    chosen: list[NvidiaGPU] = []
+    for item in (part.strip() for part in visible.split(",")):
+        if item.isdigit():
+            found = [g for g in gpus if g.index == int(item)]
+        elif item.upper().startswith("GPU-") and len(item) > 4:
+            found = [g for g in gpus if g.uuid.upper().startswith(item.upper())]
+        else:
+            found = []
+        if len(found) != 1 or found[0] in chosen:
+            break
+        chosen.append(found[0])
+    return tuple(chosen)
+
+
+def nvidia_gpus(timeout: float = 5.0) -> tuple[NvidiaGPU, ...]:
+    """The NVIDIA GPUs visible to this process (``CUDA_VISIBLE_DEVICES`` applied, see :func:`cuda_visible`), from
+    nvidia-smi; () when there is none, nvidia-smi is missing, fails, hangs past ``timeout`` or prints something
+    unreadable."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return ()
     try:
         out = subprocess.run(
-            [exe, "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+            [exe, "--query-gpu=index,uuid,memory.total,memory.free,name", "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
             timeout=timeout,
             check=True,
         ).stdout
-        return tuple(int(line.strip()) * MiB for line in out.splitlines() if line.strip())
-    except (OSError, subprocess.SubprocessError, ValueError):
+        gpus = []
+        for line in filter(None, map(str.strip, out.splitlines())):
+            index, uuid, total, free, name = (field.strip() for field in line.split(",", 4))
+            gpus.append(NvidiaGPU(int(index), uuid, name, int(total) * MiB, int(free) * MiB))
+    except (OSError, subprocess.SubprocessError, ValueError):  # ValueError: "[N/A]", too few fields
         return ()
+    return cuda_visible(tuple(gpus), os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def gpu_free_memory(timeout: float = 5.0) -> tuple[int, ...]:
+    """Free VRAM per NVIDIA GPU visible to this process (``CUDA_VISIBLE_DEVICES`` honoured), in bytes; () when
+    there is none or nvidia-smi fails."""
+    return tuple(g.free for g in nvidia_gpus(timeout))
+
+
+def ram_available() -> int:
+    """Free RAM now: psutil's ``available``, capped by the cgroup limit."""
+    ram = psutil.virtual_memory().available
+    cg = cgroup_memory_available()
+    return min(ram, cg) if cg is not None else ram
 
 
 def available_memory() -> MemoryInfo:
     """Free RAM (psutil ``available``, capped by the cgroup limit) and free VRAM per GPU."""
-    ram = psutil.virtual_memory().available
-    cg = cgroup_memory_available()
-    return MemoryInfo(ram_available=min(ram, cg) if cg is not None else ram, vram_free=gpu_free_memory())
+    return MemoryInfo(ram_available=ram_available(), vram_free=gpu_free_memory())
 
 
 # --- fitting -------------------------------------------------------------------------------------------------
@@ -296,13 +363,19 @@ def fit_context(
     ``requested`` is honoured as-is (``fits``/``reason`` say whether it would fit). Otherwise the result is the
     largest multiple of 256 in [512, native context] whose weights + KV fit in ``(1 - margin) * available -
     headroom``; native is ``context_length`` or 4096. Weights and KV are split between VRAM and RAM in
-    proportion to ``n_gpu_layers`` (None: all layers when a GPU is present, else 0; -1: all).
+    proportion to ``n_gpu_layers`` (-1: all); None (automatic) sizes the context on VRAM and RAM together, as the
+    memory plan splits the model between them (runtime/plan.py).
     ``type_k_bytes``/``type_v_bytes`` are the cache type's bytes per element (:func:`cache_type_bytes`). A
     ``draft`` model's KV cache (same context and types) is charged too; its weights belong in ``model_bytes``.
     Raises :class:`InsufficientMemoryError` when not even 512 tokens fit.
     """
     mem = memory if memory is not None else available_memory()
     n_layer = max(header.block_count or 1, 1)
+    auto_gpu = mem.has_gpu and n_gpu_layers is None
+    if auto_gpu:
+        # Automatic layers: the memory plan (runtime/plan.py) splits the model between the GPUs and RAM, so the
+        # context is sized on both together; the plan then keeps layers on the GPUs before context.
+        mem = MemoryInfo(ram_available=mem.ram_available + mem.vram_total_free)
     if not mem.has_gpu:
         gpu_layers = 0
     elif n_gpu_layers is None or n_gpu_layers < 0:
@@ -329,7 +402,8 @@ def fit_context(
     margin_text = f"{margin:.0%} + {_gib(headroom)} margin"
 
     def result(n_ctx: int, kv: int, ok: bool, reason: str) -> FitResult:
-        return FitResult(n_ctx, model_bytes, kv, available, gpu_layers, ok, reason)
+        # automatic layers: all are asked for; the plan keeps what does not fit the GPUs in RAM
+        return FitResult(n_ctx, model_bytes, kv, available, n_layer if auto_gpu else gpu_layers, ok, reason)
 
     if requested is not None:
         kv, ok = check(requested)

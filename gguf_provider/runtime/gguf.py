@@ -411,3 +411,42 @@ def _build(
         pooling_type=_int(a("pooling_type")),
         metadata=meta,
     )
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One entry of a GGUF file's tensor table: its name and the bytes its data takes in the file."""
+
+    name: str
+    shape: tuple[int, ...]
+    ggml_type: int
+    nbytes: int
+
+
+def read_tensors(path: str | os.PathLike[str]) -> list[TensorInfo]:
+    """The tensor table of one GGUF file (a split model's shard holds its own part): names, shapes and sizes.
+
+    A tensor's size is the distance from its data offset to the next one's (the last runs to the file's end), so
+    padding is counted: what mapping the file costs. Reads only the table, never the data.
+    """
+    p = Path(path)
+    header = read_header(p)
+    with open(p, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        r = _Reader(f, size, p)
+        r.skip(header.metadata_end)
+        raw: list[tuple[str, tuple[int, ...], int, int]] = []
+        for _ in range(header.tensor_count):
+            name = r.string("tensor name").decode("utf-8", errors="replace")
+            n_dims = r.unpack(_U32)
+            if n_dims > 8:
+                raise r.fail(f"tensor {name!r} claims {n_dims} dimensions")
+            shape = tuple(r.unpack(_U64) for _ in range(n_dims))
+            ggml_type, offset = r.unpack(_U32), r.unpack(_U64)
+            raw.append((name, shape, ggml_type, offset))
+        align = _int(header.metadata.get("general.alignment")) or 32
+        data_start = -(-r.offset // align) * align
+    data_size = max(size - data_start, 0)
+    ends = sorted({o for *_, o in raw} | {data_size})
+    following = {o: ends[i + 1] for i, o in enumerate(ends[:-1])}
+    return [TensorInfo(name, shape, t, max(following.get(o, data_size) - o, 0)) for name, shape, t, o in raw]

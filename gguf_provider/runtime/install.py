@@ -19,14 +19,16 @@ import sys
 import tarfile
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
 import filelock
 
-from ..errors import BinaryNotFoundError, BuildError, PrebuiltInstallError
-from . import discovery, paths, prebuilt
+from ..errors import BackendWarning, BinaryNotFoundError, BuildError, PrebuiltInstallError
+from . import discovery, host, paths, prebuilt
+from .backend import announce_once
 from .installed import BACKENDS as BACKENDS  # the `x as x` names are re-exported: they lived here before
 from .installed import (
     MARKER,
@@ -83,7 +85,9 @@ def ensure_installed(explicit: str | os.PathLike[str] | None = None, *, auto_ins
         raise BinaryNotFoundError(discovery.NOT_FOUND)
     say(f"no llama-server found: installing one now (from {mode}; set GGUF_PROVIDER_AUTO_INSTALL=0 to "
         "turn this off)")
-    return install(method=mode).server
+    server = install(method=mode).server
+    announce_once(server, say=say)  # which backend and why, in one line (the first start's own line)
+    return server
 
 
 SourceBuild = Callable[..., Installation]
@@ -109,35 +113,64 @@ def install(
     archive only (raises PrebuiltInstallError). ``"source"``: the build only (as before). ``force`` reinstalls;
     ``cmake_args`` imply the source build. ``build_source`` replaces :func:`build_from_source` (tests use it to
     observe the fallback without a real build). Held under :func:`install_lock`.
+
+    ``backend="auto"`` is :func:`.host.choose`'s; when that backend has only an archive here (Vulkan without glslc
+    and its headers) and the archive cannot be used, the CPU build is installed instead, with a BackendWarning
+    naming why. `server install` and :func:`ensure_installed` say the backend in use in one line (:mod:`.backend`).
     """
     if method not in METHODS:
         raise ValueError(f"method={method!r}: choose one of {', '.join(METHODS)}")
     if cmake_args and method == "prebuilt":
         raise ValueError("cmake_args apply to the source build only (method='source' or 'auto')")
-    backend = resolve_backend(backend)
+    choice = host.choose(host.current_host()) if backend == "auto" else None
+    backend = choice.backend if choice is not None else resolve_backend(backend)
     tag = tag or prebuilt.release_tag()
     build = build_source or build_from_source
     with install_lock():
-        if method == "source" or cmake_args:
-            return build(backend, force=force, cmake_args=cmake_args, progress=progress, jobs=jobs)
-        if not force:
-            done = installed(backend) if method == "auto" else installed(backend, "prebuilt", tag)
-            why = outdated(done) if done is not None and done.origin == "source" else None
-            if why is not None:
-                # An older build (no RPC worker, or other configure flags): rebuilt in the same build dir, where
-                # only what changed is compiled.
-                (notify or say)(f"{why} (an incremental build in the existing build dir)")
-                return build(backend, force=False, cmake_args=None, progress=progress, jobs=jobs)
-            if done is not None:
-                return done
         try:
-            return install_prebuilt(backend, tag, progress=progress)
+            return _install(backend, method, force, cmake_args, progress, jobs, tag, notify, build)
         except PrebuiltInstallError as exc:
-            if method == "prebuilt":
+            # The archive was the only way to this backend here (no toolchain to build it, e.g. Vulkan without
+            # glslc): the CPU build instead, said loudly rather than a build that cannot succeed.
+            if method != "auto" or choice is None or choice.method != "prebuilt" or backend == "cpu":
                 raise
-            (notify or say)(f"prebuilt llama.cpp {tag} not used ({exc.reason}): {exc}; building {SOURCE_PIN} "
-                            "from source instead (about 8 minutes on 2 cores)")
+            name = host.BACKEND_NAMES[backend]
+            why = (f"the {name} archive of llama.cpp {tag} could not be used ({exc.reason}: {exc}) and this "
+                   f"machine cannot build one from source: the CPU build instead")
+            (notify or say)(why)
+            warnings.warn(f"{why}; fix the cause, then `gguf-provider server install --backend "
+                          f"{backend} --force`", BackendWarning, stacklevel=2)
+            return _install("cpu", method, force, cmake_args, progress, jobs, tag, notify, build)
+
+
+def _install(backend: str, method: str, force: bool, cmake_args: list[str] | None, progress: Progress | None,
+             jobs: int | None, tag: str, notify: Callable[[str], None] | None, build: SourceBuild) -> Installation:
+    """:func:`install`'s steps for one backend, under its lock."""
+    if method == "source" or cmake_args:
         return build(backend, force=force, cmake_args=cmake_args, progress=progress, jobs=jobs)
+    if not force:
+        done = installed(backend) if method == "auto" else installed(backend, "prebuilt", tag)
+        why = outdated(done) if done is not None and done.origin == "source" else None
+        if why is not None:
+            # An older build (no RPC worker, or other configure flags): rebuilt in the same build dir, where
+            # only what changed is compiled.
+            (notify or say)(f"{why} (an incremental build in the existing build dir)")
+            return build(backend, force=False, cmake_args=None, progress=progress, jobs=jobs)
+        if done is not None:
+            return done
+    try:
+        return install_prebuilt(backend, tag, progress=progress)
+    except PrebuiltInstallError as exc:
+        if method == "prebuilt" or methods_here(backend) == "prebuilt":
+            raise
+        (notify or say)(f"prebuilt llama.cpp {tag} not used ({exc.reason}): {exc}; building {SOURCE_PIN} "
+                        "from source instead (about 8 minutes on 2 cores)")
+    return build(backend, force=force, cmake_args=cmake_args, progress=progress, jobs=jobs)
+
+
+def methods_here(backend: str) -> str:
+    """How ``backend`` can be installed on this machine (:func:`.host.methods`)."""
+    return host.methods(host.current_host(), backend)
 
 
 def install_prebuilt(backend: str, tag: str, *, progress: Progress | None = None,

@@ -7,15 +7,12 @@ installer.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import BuildError
-from . import paths
+from . import host, paths
 
 # The source pin: a registry sdist that carries the llama.cpp tree. Record it: tarball builds report no commit.
 SDIST_NAME = "llama-cpp-python"
@@ -51,27 +48,14 @@ class Installation:
 
 
 def resolve_backend(backend: str = "auto") -> str:
-    """``auto`` → cuda when a CUDA toolkit *and* an NVIDIA GPU are present, metal on macOS, else cpu."""
+    """``auto`` → the backend that fits this machine (:func:`.host.choose`: CUDA for an NVIDIA GPU with a CUDA
+    toolkit, Vulkan for an NVIDIA, AMD or Intel GPU without one, Metal on Apple silicon, else CPU), probed once
+    per process; any other name is itself."""
     if backend not in BACKENDS:
         raise BuildError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if backend != "auto":
         return backend
-    if sys.platform == "darwin":
-        return "metal"
-    if shutil.which("nvcc") and _has_nvidia_gpu():
-        return "cuda"
-    return "cpu"
-
-
-def _has_nvidia_gpu() -> bool:
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return False
-    try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return out.returncode == 0 and "GPU" in out.stdout
+    return host.choose(host.current_host()).backend
 
 
 def install_dir(backend: str) -> Path:
@@ -116,12 +100,14 @@ def installed(backend: str = "auto", origin: str | None = None, tag: str | None 
 
 
 def any_installed() -> Installation | None:
-    """Our install for this host's default backend, else cpu, else any other backend."""
-    preferred = installed("auto") or installed("cpu")
-    if preferred is not None:
-        return preferred
-    others = (installed(b) for b in BACKENDS if b not in ("auto", "cpu"))
-    return next((inst for inst in others if inst is not None), None)
+    """Our install for the backend that fits this machine (``auto``), else another that can use its GPU, else
+    cpu, else any other (:func:`.host.preference`): a CPU build never wins over a usable GPU build."""
+    found = installations()
+    for backend in host.preference(host.current_host()):
+        inst = next((i for i in found if i.backend == backend), None)
+        if inst is not None:
+            return inst
+    return None
 
 
 def backend_of(binary: Path) -> str | None:

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -25,10 +26,20 @@ from typing import Any, Protocol
 import filelock
 import httpx
 
-from ..errors import ServerConnectionError, ServerStartError, ServerTimeoutError
+from ..errors import (
+    DeviceOutOfMemoryError,
+    InsufficientMemoryError,
+    MemoryBudgetWarning,
+    ServerConnectionError,
+    ServerStartError,
+    ServerTimeoutError,
+)
+from . import backend as backend_mod
 from . import budget as budget_mod
+from . import devices as devices_mod
 from . import diagnose, discovery, gguf, install, paths, process, registry, server_options
 from . import fit as fit_mod
+from . import plan as plan_mod
 from . import rpc as rpc_mod
 from . import speculative as speculative_mod
 from .argv import build_argv
@@ -156,6 +167,10 @@ class Budget(Protocol):
         ...
 
     def memory(self, binary: Path, workers: Sequence[rpc_mod.WorkerInfo]) -> fit_mod.MemoryInfo: ...
+
+    def devices(self, binary: Path, rpc: Sequence[str]) -> list[devices_mod.Device]:
+        """What a server of ``binary`` can place layers on now: its GPU-like devices, then host RAM (``CPU``)."""
+        ...
 
     def rss(self, pid: int) -> int: ...
 
@@ -344,33 +359,42 @@ class ServerManager:
         files = [*(spec.shards or (spec.model,)), *([spec.mmproj] if spec.mmproj else []),
                  *(spec.draft_shards or ([spec.draft_model] if spec.draft_model else []))]
         size = sum(p.stat().st_size for p in files)
-        # One admission at a time across processes: evictions, the context and the registration are decided
-        # together, so racing processes never both count the same free memory.
-        try:
-            admission_lock = self._budget.admission_lock()
-            admission_lock.acquire()
-        except filelock.Timeout as exc:
-            raise ServerTimeoutError(f"another process has been starting a server for {exc.lock_file}'s "
-                                     f"{budget_mod.ADMISSION_TIMEOUT:.0f} s limit; try again") from None
-        try:
-            admitted = self._budget.admit(
-                header, size, requested=spec.n_ctx if spec.n_ctx and spec.n_ctx > 0 else None,
-                n_gpu_layers=spec.n_gpu_layers, memory=lambda: self._budget.memory(binary, workers),
-                cache_type=spec.kv_cache_type, draft=draft, local_share=local_share(header, spec.n_gpu_layers, workers),
-                reg=self._registry)
-            return self._spawn(key, spec, binary, caps, header.pooling_type, admitted, shared=shared,
-                               keep_alive=keep_alive, start_timeout=start_timeout, progress=progress,
-                               family=family, admission_lock=admission_lock)
-        finally:
-            if admission_lock.is_locked:
-                admission_lock.release()
+        backend_mod.announce_once(binary)  # which backend runs, and why, once per process (a warning when wrong)
+        # What the binary can place layers on now (GPU-like devices, RPC workers' devices, host RAM).
+        devices = seen = self._budget.devices(binary, spec.rpc_servers)
+        for attempt in (1, 2):
+            # One admission at a time across processes: evictions, the context and the registration are decided
+            # together, so racing processes never both count the same free memory.
+            try:
+                admission_lock = self._budget.admission_lock()
+                admission_lock.acquire()
+            except filelock.Timeout as exc:
+                raise ServerTimeoutError(f"another process has been starting a server for {exc.lock_file}'s "
+                                         f"{budget_mod.ADMISSION_TIMEOUT:.0f} s limit; try again") from None
+            placed: plan_mod.Plan | None = None
+            try:
+                admitted = self._budget.admit(
+                    header, size, requested=spec.n_ctx if spec.n_ctx and spec.n_ctx > 0 else None,
+                    n_gpu_layers=spec.n_gpu_layers, memory=lambda: self._budget.memory(binary, workers),
+                    cache_type=spec.kv_cache_type, draft=draft,
+                    local_share=local_share(header, spec.n_gpu_layers, workers), reg=self._registry)
+                placed = _plan(header, spec, devices, admitted.n_ctx)
+                return self._spawn(key, spec, binary, caps, header.pooling_type, admitted, shared=shared,
+                                   keep_alive=keep_alive, start_timeout=start_timeout, progress=progress,
+                                   family=family, admission_lock=admission_lock, placed=placed)
+            except DeviceOutOfMemoryError as exc:
+                devices = _after_out_of_memory(exc, header, spec, devices, placed, attempt, seen)
+            finally:
+                if admission_lock.is_locked:
+                    admission_lock.release()
+        raise AssertionError("unreachable: the second attempt returns or raises")
 
     def _spawn(self, key: str, spec: ServerSpec, binary: Path, caps: discovery.ServerCapabilities,
                header_pooling: int | None, admitted: budget_mod.Admission, *, shared: bool, keep_alive: float,
                start_timeout: float, progress: Progress | None, family: str,
-               admission_lock: AdmissionLock) -> ServerInfo:
+               admission_lock: AdmissionLock, placed: plan_mod.Plan | None = None) -> ServerInfo:
         reg = self._registry
-        n_ctx = admitted.n_ctx
+        n_ctx = placed.n_ctx if placed is not None else admitted.n_ctx
         run = paths.runtime_dir()
         tag = f"{key[:16]}-{secrets.token_hex(3)}"
         alias = f"gguf-provider-{key[:16]}"
@@ -386,7 +410,8 @@ class ServerManager:
             address = Address(url=f"http://127.0.0.1:{port}", api_key=api_key)
         else:
             address = Address(socket=str(run / f"{tag}.sock"))
-        argv = build_argv(spec, binary, caps, alias, n_ctx, address, api_key_file, header_pooling=header_pooling)
+        argv = build_argv(spec, binary, caps, alias, n_ctx, address, api_key_file, header_pooling=header_pooling,
+                          placement=tuple(placed.args()) if placed is not None and _places(spec) else ())
         with open(log_path, "ab") as log:
             log.write(f"# gguf-provider: {' '.join(argv)}\n".encode())
         proc = self._launcher.spawn(argv, log_path, private=not shared)
@@ -397,7 +422,8 @@ class ServerManager:
             socket=address.socket, url=address.url, api_key_file=str(api_key_file) if api_key_file else None,
             log=str(log_path), n_ctx=n_ctx, shared=shared, keep_alive=keep_alive if shared else 0,
             leases={me: my_ctime}, idle_since=None, started_at=now, last_used=now, binary=str(binary), family=family,
-            charge=admitted.charge, rpc_servers=tuple(spec.rpc_servers), options=server_options.summary(spec))
+            charge=admitted.charge, rpc_servers=tuple(spec.rpc_servers), options=server_options.summary(spec),
+            placement=tuple(placed.summary()) if placed is not None else ())
         with reg.locked() as data:
             data[key] = entry
         admission_lock.release()  # registered with its charge: the next admission counts it
@@ -457,6 +483,64 @@ class ServerManager:
                 return
             del data[key]
         self._registry.stop_entry(entry)
+
+
+# llama-server flags with which the user places layers themselves: the plan is then only reported, not passed.
+USER_PLACEMENT_FLAGS = frozenset({"-ngl", "--n-gpu-layers", "--gpu-layers", "-ts", "--tensor-split", "-ncmoe",
+                                  "--n-cpu-moe", "-cmoe", "--cpu-moe", "-ot", "--override-tensor", "-sm",
+                                  "--split-mode", "-dev", "--device", "-fit", "--fit"})
+
+
+def _places(spec: ServerSpec) -> bool:
+    """Whether the plan's -ngl / --tensor-split / --n-cpu-moe go on the command line (the user set none)."""
+    return spec.n_gpu_layers is None and not USER_PLACEMENT_FLAGS.intersection(spec.server_args)
+
+
+def _plan(header: GGUFHeader, spec: ServerSpec, devices: Sequence[devices_mod.Device],
+          admitted_ctx: int) -> plan_mod.Plan | None:
+    """The memory plan of a start on ``devices`` (None without a GPU-like device: everything is in RAM), its
+    automatic context no larger than the budget admitted. A model that fits nowhere with everything automatic is
+    refused here, before anything is spawned."""
+    if not any(d.kind != "cpu" for d in devices):
+        return None
+    requested = spec.n_ctx if spec.n_ctx and spec.n_ctx > 0 else None
+    slots = spec.n_parallel or 4
+    outputs = slots * (1 + 64) if spec.speculative != speculative_mod.OFF and not spec.embedding else slots
+    placed = plan_mod.for_model(header, list(spec.shards or (spec.model,)), devices, n_ctx=requested,
+                                max_ctx=admitted_ctx, n_gpu_layers=spec.n_gpu_layers, cache_type=spec.kv_cache_type,
+                                model=spec.model.name, n_outputs=outputs)
+    if not placed.fits and requested is None and _places(spec):
+        raise InsufficientMemoryError(
+            f"{spec.model.name} does not fit: {placed.reason}. Levers: a smaller quant, a quantized KV cache "
+            f"(kv_cache_type='q8_0'), an explicit smaller n_ctx; `gguf-provider plan {spec.model}` shows the plan")
+    return placed
+
+
+def _after_out_of_memory(exc: DeviceOutOfMemoryError, header: GGUFHeader, spec: ServerSpec,
+                         devices: Sequence[devices_mod.Device], placed: plan_mod.Plan | None,
+                         attempt: int, seen: Sequence[devices_mod.Device]) -> list[devices_mod.Device]:
+    """A start that ran out of device memory: the devices to plan the one retry on (the failing device counted
+    with half of what the plan put there, so fewer layers, then a smaller automatic context, go to it), with a
+    warning saying so; or the final :class:`DeviceOutOfMemoryError`, naming the device, what was needed and what
+    was free, when this was the retry or the layers were not ours to move."""
+    failing = [d for d in devices if d.kind != "cpu" and (exc.device is None or d.name == exc.device)]
+    held = placed.by_device() if placed is not None else {}
+    if attempt > 1 or placed is None or not failing or not _places(spec):
+        free = "; ".join(f"{d.name} had {d.free / 2**20:,.0f} MiB free" for d in seen
+                         if d.name in {f.name for f in failing}) or "free memory unknown"
+        what = (f" It failed again after a retry with {placed.n_gpu_layers} layers on the GPU at n_ctx "
+                f"{placed.n_ctx}." if placed is not None and attempt > 1 else "")
+        said = str(exc).split("\n--- last llama-server log lines", 1)[0]
+        raise DeviceOutOfMemoryError(f"{said}{what} ({free} when the start began)", device=exc.device,
+                                     needed=exc.needed, log_tail=exc.log_tail, log_path=exc.log_path) from exc
+    names = {d.name for d in failing}
+    smaller = [replace(d, free=min(d.free, plan_mod.device_reserve(d) + held.get(d.name, 0) // 2))
+               if d.name in names else d for d in devices]
+    warnings.warn(f"{spec.model.name}: llama-server ran out of {', '.join(sorted(names))} memory with "
+                  f"{placed.n_gpu_layers} layers on the GPU at n_ctx {placed.n_ctx}; retrying once with a smaller "
+                  f"plan (fewer layers on the GPU, then a smaller automatic context)", MemoryBudgetWarning,
+                  stacklevel=4)
+    return smaller
 
 
 def default_keep_alive() -> float:

@@ -33,6 +33,7 @@ import httpx
 from ..errors import GGUFProviderError, PrebuiltInstallError
 from . import discovery, process
 from .gguf import read_header
+from .host import ASSETS, arch_name, system_name
 from .models.local import list_models_dirs
 from .paths import exe
 from .progress import Progress
@@ -73,14 +74,11 @@ def _token() -> str | None:
 
 
 def host_system() -> str:
-    if sys.platform.startswith("linux"):
-        return "linux"
-    return {"darwin": "darwin", "win32": "windows", "cygwin": "windows"}.get(sys.platform, sys.platform)
+    return system_name(sys.platform)
 
 
 def host_arch() -> str:
-    machine = platform.machine().lower()
-    return {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}.get(machine, machine)
+    return arch_name(platform.machine())
 
 
 @dataclass(frozen=True)
@@ -98,21 +96,9 @@ def this_host(backend: str) -> Host:
     return Host(host_system(), host_arch(), backend)
 
 
-# (system, arch, backend) → the asset name after "llama-<tag>-bin-", as release.yml names them.
-_ASSETS: dict[tuple[str, str, str], str] = {
-    ("linux", "x64", "cpu"): "ubuntu-x64.tar.gz",
-    ("linux", "arm64", "cpu"): "ubuntu-arm64.tar.gz",
-    ("linux", "s390x", "cpu"): "ubuntu-s390x.tar.gz",
-    ("linux", "x64", "vulkan"): "ubuntu-vulkan-x64.tar.gz",
-    ("linux", "arm64", "vulkan"): "ubuntu-vulkan-arm64.tar.gz",
-    ("darwin", "arm64", "metal"): "macos-arm64.tar.gz",
-    ("darwin", "arm64", "cpu"): "macos-arm64.tar.gz",
-    ("darwin", "x64", "cpu"): "macos-x64.tar.gz",  # upstream builds it with Metal off
-    ("windows", "x64", "cpu"): "win-cpu-x64.zip",
-    ("windows", "arm64", "cpu"): "win-cpu-arm64.zip",
-    ("windows", "x64", "vulkan"): "win-vulkan-x64.zip",
-    ("windows", "x64", "cuda"): "win-cuda-{cuda}-x64.zip",  # several CUDA versions; plus a cudart zip
-}
+# (system, arch, backend) → the asset name after "llama-<tag>-bin-": host.ASSETS, where the backend choice reads it
+# too.
+_ASSETS = ASSETS
 
 
 def asset_pattern(host: Host, tag: str) -> re.Pattern[str] | None:

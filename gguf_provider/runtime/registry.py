@@ -60,6 +60,8 @@ class Entry:
     rpc_servers: tuple[str, ...] = ()
     # The declared server options that differ from their defaults (server_options.summary), for `ps`.
     options: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    # The memory plan, per device: {"device": "CUDA0", "layers": "layers 12-23 + output", "n_layers", "bytes"}.
+    placement: tuple[Mapping[str, Any], ...] = field(default=(), hash=False)
     extra: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)  # a newer version's fields
     schema_version: int = SCHEMA_VERSION
 
@@ -71,6 +73,7 @@ class Entry:
         out["leases"] = dict(self.leases)
         out["rpc_servers"] = list(self.rpc_servers)
         out["options"] = dict(self.options)
+        out["placement"] = [dict(p) for p in self.placement]
         return out
 
     @classmethod
@@ -101,6 +104,8 @@ class Entry:
             rpc_servers=tuple(s for s in data.get("rpc_servers") or () if isinstance(s, str))
             if isinstance(data.get("rpc_servers"), list) else (),
             options=dict(data["options"]) if isinstance(data.get("options"), dict) else {},
+            placement=tuple(dict(p) for p in data.get("placement") or () if isinstance(p, dict))
+            if isinstance(data.get("placement"), list) else (),
             extra={k: v for k, v in data.items() if k not in known},
             # An older entry is upgraded as it is read; a newer one keeps its number (and its extra fields).
             schema_version=max(int(version), SCHEMA_VERSION) if _is_int(version) else SCHEMA_VERSION,

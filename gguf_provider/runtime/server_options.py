@@ -54,6 +54,7 @@ class Build:
     caps: ServerCapabilities
     n_ctx: int  # the admitted context (the fit's, or the asked one)
     header_pooling: int | None = None  # the model header's pooling type
+    placement: tuple[str, ...] = ()  # the memory plan's -ngl / --tensor-split / --n-cpu-moe (runtime/plan.py)
 
 
 Identity = Literal["args", "file", "binary"] | None
@@ -174,7 +175,15 @@ def check_cache_type(cache_type: str, caps: ServerCapabilities, header: GGUFHead
 def _n_gpu_layers(spec: ServerSpec, build: Build) -> list[str]:
     if spec.n_gpu_layers is not None:
         return ["-ngl", str(spec.n_gpu_layers)]
+    if build.placement:  # the plan's layers per device, placed as planned
+        return [*build.placement, *_fit_off(spec, build)]
     return ["-ngl", "999"] if spec.rpc_servers else []  # every layer on the devices (the workers), however many
+
+
+def _fit_off(spec: ServerSpec, build: Build) -> list[str]:
+    """llama.cpp's own fit (`--fit on`, its default) would re-place what the plan placed, after a trial load that
+    took 9 s on an H200: off, unless the user's own arguments say otherwise."""
+    return ["--fit", "off"] if build.caps.supports("--fit") and "--fit" not in spec.server_args else []
 
 
 def _n_parallel(spec: ServerSpec, build: Build) -> list[str]:
@@ -248,8 +257,9 @@ OPTIONS: tuple[ServerOption, ...] = (
         resolved=True),  # it becomes the spec's mmproj (the projector found), which writes the flag
     ServerOption(
         "n_gpu_layers", int | None, None,
-        "Layers to offload to the GPU (`-ngl`); default: llama-server's choice.",
-        flags=("-ngl",), argv=_n_gpu_layers),
+        "Layers to offload to the GPUs (`-ngl`, the output head counting as one); default: the memory plan's, as "
+        "many as fit, the rest in RAM (`gguf-provider plan`, docs/gpu.md).",
+        flags=("-ngl", "--tensor-split", "--n-cpu-moe", "--fit"), argv=_n_gpu_layers),
     ServerOption(
         "n_parallel", int | None, None,
         "Parallel slots (`-np`); default: llama-server's automatic choice, sharing one KV cache.",
@@ -277,8 +287,8 @@ OPTIONS: tuple[ServerOption, ...] = (
     ServerOption(
         "rpc_servers", list[str], (),
         "llama.cpp RPC workers (`host:port`, `gguf-provider rpc-worker`) to spread the model over (`--rpc`): "
-        "every layer goes to them unless `n_gpu_layers` says otherwise, and the fit counts their memory "
-        "(docs/distributed.md).",
+        "each worker is a device to the memory plan, which puts as many layers on them as their memory holds "
+        "(all, unless `n_gpu_layers` says otherwise) and the rest in RAM (docs/distributed.md, docs/gpu.md).",
         flags=("--rpc",), argv=_rpc_servers, needs=("--rpc",), normalize=rpc_mod.normalize, factory=list),
     ServerOption(
         "server_args", list[str], (),

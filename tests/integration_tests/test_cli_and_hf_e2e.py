@@ -17,6 +17,7 @@ from gguf_provider import ChatGGUF
 from gguf_provider.runtime import registry
 from tests.support.hf_endpoint import HFEndpoint
 from tests.support.hf_repos import MAIN, SPLIT
+from tests.support.runtime import serving_line
 
 CLI = [sys.executable, "-m", "gguf_provider.cli"]
 pytestmark = pytest.mark.timeout(300)
@@ -60,7 +61,7 @@ def test_cli_serve_ps_stop(smollm2_path: Path) -> None:
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         assert serve.stdout is not None
-        line = serve.stdout.readline()
+        line = serving_line(serve.stdout)
         assert line.startswith("serving"), line
         rows = json.loads(subprocess.run([*CLI, "ps", "--json"], capture_output=True, text=True,
                                          check=True).stdout)["servers"]

@@ -14,7 +14,7 @@ import pytest
 from gguf_provider.runtime import registry, rpc
 from gguf_provider.runtime.process import free_port
 from tests.integration_tests.test_rpc import Worker
-from tests.support.runtime import ROOT, RuntimeEnv, pid_alive, wait_until
+from tests.support.runtime import ROOT, RuntimeEnv, pid_alive, serving_line, wait_until
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")]
 
@@ -49,7 +49,7 @@ def test_serve_leaves_no_server_behind(rt: RuntimeEnv, sig: signal.Signals) -> N
                             cwd=ROOT, start_new_session=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:
         assert proc.stdout is not None
-        line = proc.stdout.readline()
+        line = serving_line(proc.stdout)
         assert line.startswith("serving"), line
         (server,) = rt.servers()
         os.kill(proc.pid, sig)

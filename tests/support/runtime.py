@@ -164,6 +164,15 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+def serving_line(stdout: Any) -> str:
+    """The first line `gguf-provider serve` prints ("serving ..."), read from its merged stdout and stderr: past the
+    one line that says which backend runs (stderr, at a process's first model start)."""
+    line: str = stdout.readline()
+    if line.startswith("gguf-provider: llama-server:"):
+        line = stdout.readline()
+    return line
+
+
 def wait_until(cond: Callable[[], bool], timeout: float, interval: float = 0.05) -> float:
     """Seconds until ``cond()`` held; fails the test after ``timeout``."""
     t0 = time.monotonic()

@@ -34,6 +34,7 @@ from gguf_provider.runtime.diagnose import TABLE, Failure
 from gguf_provider.runtime.process import Address
 
 W1, W2 = "127.0.0.1:50052", "127.0.0.1:50053"
+DATA = Path(__file__).parent / "data"
 MODEL = Path("/home/me/models/SmolLM2-135M-Instruct-Q8_0.gguf")
 BINARY = Path("/home/me/.local/share/gguf-provider/llama.cpp/b7100-cpu/bin/llama-server")
 LOG = Path("/run/user/1000/gguf-provider/0f3c9a1e2b7d4c55-8e1f2a.log")
@@ -85,6 +86,25 @@ SAMPLES: dict[str, list[Sample]] = {
         Sample(Failure("start", log(*START, f"{RPC_SRC}:550: RPC handshake failed for {W1}", *BACKTRACE), LOG,
                        model=MODEL, binary=BINARY, workers=(W1, W2)),
                (f"RPC worker {W1}",), {"worker": W1}),
+    ],
+    "out-of-device-memory": [
+        # Captured on an NVIDIA H200 (this project's CUDA build, -c 60000000 --fit off): the KV cache alone
+        # asked for 343 GiB (tests/unit_tests/data/logs/cuda-oom-h200.log, the log's last 40 lines).
+        Sample(Failure("start", (DATA / "logs" / "cuda-oom-h200.log").read_text(), LOG, model=MODEL, binary=BINARY),
+               ("ran out of CUDA0 memory", "351,562 MiB", "n_gpu_layers", "kv_cache_type", "gguf-provider plan"),
+               {"device": "CUDA0", "needed": int(351562.50 * 2**20)}),
+        # Vulkan (ggml-vulkan.cpp's messages as in llama.cpp's issue reports) and Metal: the device comes from
+        # ggml-alloc's line.
+        Sample(Failure("start", log(
+            *START[:1],
+            "ggml_vulkan: Device memory allocation of size 4294967296 failed.",
+            "ggml_vulkan: vk::Device::allocateMemory: ErrorOutOfDeviceMemory",
+            "alloc_tensor_range: failed to allocate Vulkan0 buffer of size 4294967296",
+            "llama_model_load: error loading model: unable to allocate Vulkan0 buffer"), LOG, model=MODEL,
+            binary=BINARY), ("ran out of Vulkan0 memory", "4,096 MiB"), {"device": "Vulkan0", "needed": 4 * 2**30}),
+        Sample(Failure("start", log(
+            *START[:1], "ggml_metal_buffer_init: error: failed to allocate buffer, size = 30000.00 MiB"), LOG,
+            model=MODEL, binary=BINARY), ("ran out of device memory",), {"device": None, "needed": None}),
     ],
     "truncated-model": [
         Sample(Failure("start", log(

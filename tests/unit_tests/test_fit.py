@@ -207,7 +207,7 @@ def test_explicit_context_is_honoured(headers: dict[str, tuple[GGUFHeader, int]]
 def test_gpu_offload(headers: dict[str, tuple[GGUFHeader, int]]) -> None:
     h, size = headers["qwen"]
     mem = MemoryInfo(ram_available=64 * GiB, vram_free=(int(1.2 * GiB),))
-    full = fit_context(h, size, memory=mem)  # all layers on the small GPU: VRAM limits
+    full = fit_context(h, size, memory=mem, n_gpu_layers=-1)  # all layers on the small GPU: VRAM limits
     assert full.n_gpu_layers == 24 and full.n_ctx < 32768 and full.available_bytes == int(1.2 * GiB)
     assert fit_context(h, size, memory=mem, n_gpu_layers=0).n_ctx == 32768  # CPU only: RAM is plenty
     half = fit_context(h, size, memory=mem, n_gpu_layers=12)
@@ -216,7 +216,16 @@ def test_gpu_offload(headers: dict[str, tuple[GGUFHeader, int]]) -> None:
     # without a GPU, n_gpu_layers is moot
     assert fit_context(h, size, memory=MemoryInfo(64 * GiB), n_gpu_layers=99).n_gpu_layers == 0
     with pytest.raises(InsufficientMemoryError, match="lower n_gpu_layers"):
-        fit_context(h, size, memory=MemoryInfo(64 * GiB, vram_free=(300 * MiB,)))
+        fit_context(h, size, memory=MemoryInfo(64 * GiB, vram_free=(300 * MiB,)), n_gpu_layers=-1)
+
+
+def test_a_model_larger_than_the_gpu_is_split_not_refused(headers: dict[str, tuple[GGUFHeader, int]]) -> None:
+    """Issue 36: automatic layers (the default) on a GPU too small for the model: the context is sized on VRAM and
+    RAM together (the plan splits the layers), where all layers on the GPU are refused."""
+    h, size = headers["qwen"]
+    small = MemoryInfo(64 * GiB, vram_free=(300 * MiB,))
+    r = fit_context(h, size, memory=small)
+    assert r.fits and r.n_ctx == 32768 and r.available_bytes == 64 * GiB + 300 * MiB
 
 
 # --- free memory ---------------------------------------------------------------------------------------------
@@ -275,8 +284,14 @@ def _fake_smi(tmp_path: Path, body: str, monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_gpu_free_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_smi(tmp_path, "echo 1024; echo 2048", monkeypatch)
+    # nvidia-smi --query-gpu=index,uuid,memory.total,memory.free,name --format=csv,noheader,nounits
+    _fake_smi(tmp_path, "echo '0, GPU-aaaa, 8192, 1024, NVIDIA A'; echo '1, GPU-bbbb, 8192, 2048, NVIDIA B'",
+              monkeypatch)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert gpu_free_memory() == (1024 * MiB, 2048 * MiB)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # another user's card is not counted
+    assert gpu_free_memory() == (2048 * MiB,)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     _fake_smi(tmp_path, "echo 'NVIDIA-SMI has failed'; exit 9", monkeypatch)
     assert gpu_free_memory() == ()
     _fake_smi(tmp_path, "echo '[N/A]'", monkeypatch)

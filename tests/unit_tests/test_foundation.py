@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gguf_provider.errors import BinaryNotFoundError, BuildError
-from gguf_provider.runtime import discovery, install, installed
+from gguf_provider.runtime import discovery, host, install
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "gguf_provider.cli"]
@@ -92,8 +92,8 @@ def test_build_progress_lines(line: str, expected: tuple[int, int] | None) -> No
 
 
 def test_backend_auto_is_cpu_without_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(installed, "_has_nvidia_gpu", lambda: False)
-    assert install.resolve_backend("auto") in ("cpu", "metal")
+    monkeypatch.setattr(host, "current_host", lambda: host.Host("linux", "x64", gpus=(), nvcc=True))
+    assert install.resolve_backend("auto") == "cpu"  # a CUDA toolkit without an NVIDIA GPU is no reason for cuda
     with pytest.raises(BuildError, match="unknown backend"):
         install.resolve_backend("rocm-please")
 

@@ -23,6 +23,7 @@ from gguf_provider.errors import ServerConnectionError, ServerStartError
 from gguf_provider.runtime import budget as budget_mod
 from gguf_provider.runtime import discovery, fit, registry, watchdog
 from gguf_provider.runtime import manager as mgr
+from gguf_provider.runtime.devices import Device
 from gguf_provider.runtime.gguf import GGUFHeader
 from gguf_provider.runtime.process import Address
 from gguf_provider.runtime.progress import Progress
@@ -117,6 +118,7 @@ class FakeLauncher:
     def __init__(self, procs: FakeProcesses, servers: dict[str, FakeServer]) -> None:
         self.procs, self.servers = procs, servers
         self.spawned: list[int] = []
+        self.argvs: list[list[str]] = []  # each spawn's command line
         self.watchdogs: list[tuple[str, Entry]] = []
 
     def spawn(self, argv: list[str], log_path: Path, *, private: bool) -> mgr.Proc:
@@ -124,6 +126,7 @@ class FakeLauncher:
         arg = dict(zip(argv, argv[1:], strict=False))
         self.servers[f"unix:{arg['--host']}"] = FakeServer(pid, arg["--alias"], arg["-m"], int(arg["-c"]))
         self.spawned.append(pid)
+        self.argvs.append(list(argv))
         return FakeProc(self.procs, pid)
 
     def watchdog(self, key: str, entry: Entry, home: Path) -> None:
@@ -204,6 +207,9 @@ class FakeBudget:
 
     def memory(self, binary: Path, workers: Any) -> fit.MemoryInfo:
         return fit.MemoryInfo(ram_available=2**34)
+
+    def devices(self, binary: Path, rpc: Any) -> list[Device]:
+        return [Device("CPU", "cpu", "host RAM", 2**34, 2**34)]
 
     def rss(self, pid: int) -> int:
         return 1234
