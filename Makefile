@@ -6,7 +6,7 @@ VENV   := .venv
 VPY    := $(VENV)/bin/python
 CLI    := $(VENV)/bin/gguf-provider
 
-.PHONY: demo test unit setup-demo setup-test bench lint clean-venv
+.PHONY: demo test unit setup-demo setup-test setup-vulkan test-vulkan bench lint clean-venv
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,14 @@ unit: $(VENV)/.stamp-test
 	    HOME=$$tmp GGUF_PROVIDER_HOME=$$tmp/gguf-provider HF_HOME=$$tmp/hf HF_HUB_OFFLINE=1 PIP_NO_INDEX=1 \
 	    $(CURDIR)/$(VENV)/bin/pytest -q tests/unit_tests; \
 	rc=$$?; rm -rf $$tmp; exit $$rc
+
+# A real Vulkan device without a GPU (Mesa's lavapipe) and the Vulkan build of llama-server: not part of `make test`
+# (the build takes long on 2 cores); docs/gpu.md says what it shows.
+setup-vulkan: setup-test
+	PY=$(VPY) scripts/setup_vulkan.sh
+
+test-vulkan: setup-vulkan
+	GGUF_PROVIDER_TESTS_STRICT=1 $(VENV)/bin/pytest tests/vulkan_tests -s
 
 $(VENV)/.stamp-bench: pyproject.toml | $(VPY)
 	$(VPY) -m pip install -q -e ".[all,test,bench]"

@@ -14,6 +14,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -27,7 +28,7 @@ from typing import Any, TextIO
 import filelock
 
 from ..errors import BackendWarning, BinaryNotFoundError, BuildError, PrebuiltInstallError
-from . import discovery, host, paths, prebuilt
+from . import discovery, host, paths, prebuilt, process
 from .backend import announce_once
 from .installed import BACKENDS as BACKENDS  # the `x as x` names are re-exported: they lived here before
 from .installed import (
@@ -314,7 +315,13 @@ def _run_logged(cmd: list[str], log: TextIO, log_path: Path, step: str, progress
     log.write(f"$ {' '.join(cmd)}\n")
     log.flush()
     try:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+        if shutil.which(cmd[0]) is None:
+            raise FileNotFoundError(f"{cmd[0]} is not on PATH")
+        # Through runtime/guard.py (POSIX): the step's whole process tree (cmake, ninja, the compilers) stops when
+        # this process stops, however it is stopped (docs/reliability.md, the kill matrix).
+        guarded = [sys.executable, "-m", "gguf_provider.runtime.guard", *cmd] if os.name == "posix" else cmd
+        proc = subprocess.Popen(guarded, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace", preexec_fn=process.dies_with_parent(signal.SIGTERM))
     except OSError as exc:
         raise BuildError(
             f"could not run {cmd[0]!r} for the llama.cpp {step} step ({exc}). Install cmake and a C++ compiler "
@@ -323,14 +330,19 @@ def _run_logged(cmd: list[str], log: TextIO, log_path: Path, step: str, progress
         ) from exc
     assert proc.stdout is not None
     tail: list[str] = []
-    for line in proc.stdout:
-        log.write(line)
-        tail = (tail + [line.rstrip()])[-5:]
-        if progress is not None:
-            step_done = parse_progress(line)
-            if step_done:
-                progress("build", step_done[0], step_done[1], line.rstrip()[:80])
-    rc = proc.wait()
+    try:
+        for line in proc.stdout:
+            log.write(line)
+            tail = (tail + [line.rstrip()])[-5:]
+            if progress is not None:
+                step_done = parse_progress(line)
+                if step_done:
+                    progress("build", step_done[0], step_done[1], line.rstrip()[:80])
+        rc = proc.wait()
+    except BaseException:  # Ctrl-C, or an error in a progress callback: the build stops with us
+        proc.terminate()
+        proc.wait()
+        raise
     log.flush()
     if rc != 0:
         last = " | ".join(t for t in tail if t)[-400:]

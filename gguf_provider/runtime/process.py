@@ -104,21 +104,21 @@ def port_is_free(port: int) -> bool:
 PR_SET_PDEATHSIG = 1
 
 
-def _pdeathsig(parent: int) -> Callable[[], None]:
+def _pdeathsig(parent: int, sig: int = signal.SIGKILL) -> Callable[[], None]:
     def preexec() -> None:  # runs in the child between fork and exec
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
         if os.getppid() != parent:  # the parent died before prctl took effect: nobody would signal us
             os.kill(os.getpid(), signal.SIGKILL)
     return preexec
 
 
-def dies_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that has the kernel SIGKILL the child when the thread that forks it exits, however that
-    happens (kill -9, a crash): Linux's PR_SET_PDEATHSIG. Fork from a thread that lives as long as the process (the
-    main thread, or :class:`_Spawner`). None elsewhere: no other platform offers it, so there the caller's signal
-    handlers are all that stop the child."""
-    return _pdeathsig(os.getpid()) if sys.platform.startswith("linux") else None
+def dies_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel send ``sig`` (SIGKILL) to the child when the thread that forks it exits,
+    however that happens (kill -9, a crash): Linux's PR_SET_PDEATHSIG. Fork from a thread that lives as long as the
+    process (the main thread, or :class:`_Spawner`). None elsewhere: no other platform offers it, so there the
+    caller's signal handlers are all that stop the child."""
+    return _pdeathsig(os.getpid(), sig) if sys.platform.startswith("linux") else None
 
 
 class _Spawner:

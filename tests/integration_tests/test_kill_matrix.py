@@ -1,5 +1,6 @@
 """The kill matrix (docs/reliability.md): `rpc-worker`, `serve`, a script and a Jupyter kernel holding a model, each
-a real process killed with each signal once it serves; nothing it started may go on listening or running."""
+a real process killed with each signal once it serves, and `server install` killed mid-build; nothing it started may
+go on listening or running."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import psutil
 import pytest
@@ -113,3 +115,60 @@ def test_a_jupyter_kernel_with_a_loaded_model_leaves_no_server_behind(rt: Runtim
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def _building_in(build_dir: Path) -> list[psutil.Process]:
+    """The processes working in ``build_dir`` (ninja and the compilers it runs there)."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if Path(p.cwd()).is_relative_to(build_dir):
+                found.append(p)
+        except (psutil.Error, OSError):
+            pass
+    return found
+
+
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
+def test_an_install_killed_mid_build_leaves_no_compiler_behind(tmp_path: Path, sig: signal.Signals) -> None:
+    """`server install --from source` killed while ninja compiles: cmake, ninja and every compiler stop with it
+    (runtime/guard.py), no install appears, and the install lock is free for the next run."""
+    from gguf_provider.runtime import install
+
+    src = install.fetch_source()  # the pinned tree (cached by `make test`'s set-up), linked into a fresh home
+    home = tmp_path / "home"
+    (home / "src").mkdir(parents=True)
+    (home / "src" / src.name).symlink_to(src)
+    build_dir = home / "build" / f"{install.SOURCE_PIN}-cpu"
+    env = dict(os.environ, GGUF_PROVIDER_HOME=str(home), PYTHONUNBUFFERED="1")
+    env.pop("GGUF_PROVIDER_LLAMA_SERVER", None)
+    proc = subprocess.Popen([sys.executable, "-m", "gguf_provider.cli", "server", "install", "--backend", "cpu",
+                             "--from", "source"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
+                            env=env, start_new_session=True)
+    try:
+        log = home / "logs" / f"build-{install.SOURCE_PIN}-cpu.log"
+
+        def compiling() -> bool:  # past configure, in the build step: ninja (or make) and a compiler at work
+            if "$ cmake --build" not in (log.read_text(errors="replace") if log.exists() else ""):
+                return False
+            names = {p.name() for p in _building_in(build_dir) if p.is_running()}
+            return bool(names & {"ninja", "make", "gmake"}) and bool(names & {"cc1plus", "cc1", "c++", "g++", "gcc"})
+
+        wait_until(compiling, 300, interval=0.2)
+        at_work = _building_in(build_dir)
+        os.kill(proc.pid, sig)
+        proc.wait(GONE_WITHIN)
+        # The compilers at work are stopped, not left to finish their files (each takes seconds here; without the
+        # guard, ninja only dies at its next write to the dead installer's pipe, after them).
+        wait_until(lambda: all(_gone(p) for p in at_work), 1.0)
+        wait_until(lambda: not _building_in(build_dir), GONE_WITHIN)
+        assert not (home / "bin" / f"{install.SOURCE_PIN}-cpu" / "installed.json").exists()
+        import filelock
+
+        filelock.FileLock(str(home / "locks" / "install.lock"), timeout=0).acquire()  # not held by a leftover
+    finally:
+        for p in _building_in(build_dir):
+            p.kill()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)

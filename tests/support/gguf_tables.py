@@ -12,7 +12,7 @@ import struct
 from collections.abc import Sequence
 from pathlib import Path
 
-from tests.support.gguf_bytes import encode, gguf, s
+from tests.support.gguf_bytes import STANDINS, encode, gguf, s
 
 # ggml type -> (elements per block, bytes per block)
 F32, F16, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K = 0, 1, 3, 6, 8, 12, 14
@@ -56,17 +56,7 @@ def write_gguf(path: Path, metadata: Meta, tensors: Sequence[Tensor], *, alignme
 # --- Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf (491,400,064 bytes; 24 layers, untied output head) ---------------------
 
 QWEN_FILE = "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"
-QWEN_META: Meta = {
-    "general.architecture": "qwen2",
-    "general.name": "Qwen2.5 Coder 0.5B Instruct AWQ",
-    "general.file_type": 15,
-    "qwen2.context_length": 32768,
-    "qwen2.block_count": 24,
-    "qwen2.embedding_length": 896,
-    "qwen2.feed_forward_length": 4864,
-    "qwen2.attention.head_count": 14,
-    "qwen2.attention.head_count_kv": 2,
-}
+QWEN_META: Meta = {**STANDINS["qwen"].metadata, "qwen2.feed_forward_length": 4864}  # the stand-in's header + n_ff
 # the layers whose ffn_down is Q6_K and attn_v Q8_0 (the others: Q4_K and Q5_0), as in the real file
 QWEN_MORE_BITS = frozenset({0, 1, 3, 6, 7, 8, 9, 10, 13, 16, 19, 21})
 
