@@ -399,7 +399,12 @@ def plan(header: GGUFHeader, sizes: ModelSizes, devices: Sequence[Device], *, n_
     moe = n if sizes.is_moe else 0
 
     def most_layers(c: int) -> int:
-        return next((g for g in range(full, -1, -1) if _gpus_fit(at(c, g, moe))), 0)
+        """The most layers the GPUs hold at context ``c`` (their need grows with the count: a binary search)."""
+        good, bad = 0, full + 1
+        while bad - good > 1:
+            mid = (good + bad) // 2
+            good, bad = (mid, bad) if _gpus_fit(at(c, mid, moe)) else (good, mid)
+        return good
 
     ngl = most_layers(ctx)
     if not _fits(at(ctx, ngl, moe)) and n_ctx is None:  # RAM is short too: the context shrinks below the floor
