@@ -160,6 +160,7 @@ class Plan:
     fits: bool
     reason: str
     gpus: tuple[str, ...] = field(default=())  # the GPU devices used, in order (llama-server --device)
+    devices_off: bool = False  # no GPU is used at all (`--device none`): not even its op-offload buffer fits
 
     @property
     def split(self) -> bool:
@@ -172,6 +173,8 @@ class Plan:
 
     def args(self) -> list[str]:
         """llama-server arguments that place the model as planned (the context goes separately)."""
+        if self.devices_off:
+            return ["--device", "none"]
         if not self.gpus:
             has_gpu = any(p.device.kind != "cpu" for p in self.placements)
             return ["-ngl", "0"] if has_gpu else []
@@ -262,8 +265,14 @@ class _Tally:
 
 def place(header: GGUFHeader, sizes: ModelSizes, devices: Sequence[Device], *, n_ctx: int, n_gpu_layers: int,
           n_cpu_moe: int = 0, cache_type: str = fit.DEFAULT_CACHE_TYPE, n_seq: int = 1,
-          split: Sequence[float] | None = None, n_outputs: int = 4) -> tuple[Placement, ...]:
-    """Where everything goes for a given context, -ngl and --n-cpu-moe, as llama.cpp's loader places it."""
+          split: Sequence[float] | None = None, n_outputs: int = 4,
+          use_gpus: bool = True) -> tuple[Placement, ...]:
+    """Where everything goes for a given context, -ngl and --n-cpu-moe, as llama.cpp's loader places it
+    (``use_gpus=False``: `--device none`, the GPUs hold nothing)."""
+    if not use_gpus:
+        host_only = place(header, sizes, [d for d in devices if d.kind == "cpu"], n_ctx=n_ctx, n_gpu_layers=0,
+                          cache_type=cache_type, n_seq=n_seq, n_outputs=n_outputs)
+        return (*(Placement(d) for d in devices if d.kind != "cpu"), *host_only)
     gpus = [d for d in devices if d.kind != "cpu"]
     host = next((d for d in devices if d.kind == "cpu"), None) or Device("CPU", "cpu", "host RAM", 0, 0)
     n = sizes.n_layer
@@ -300,6 +309,12 @@ def place(header: GGUFHeader, sizes: ModelSizes, devices: Sequence[Device], *, n
         # a GPU that holds layers needs a compute buffer; llama.cpp keeps one on the first GPU even with none
         holds = bool(t.layers) or t.output or j == 0
         logits = logits_bytes(header, n_outputs) if t.output else 0
+        if j == 0 and not (t.layers or t.output):
+            # No layer here, yet llama.cpp offloads the large host operations to this GPU (op offload) and computes
+            # the logits there: on the H200, with every SmolLM2 layer in RAM, its compute buffer was 15.7 MiB
+            # (n_ctx 2048) and, speculating, 79.1 MiB (n_ctx 8192; 48.8 MiB of it drafted logits). Counted as the
+            # usual buffer and the logits with an eighth more.
+            logits = logits_bytes(header, n_outputs) * 9 // 8
         placements.append(Placement(d, tuple(t.layers), t.output, t.weights, t.kv, compute + logits if holds else 0))
     t = tally[-1]
     # The host's compute buffer: small beside a GPU that computes (CUDA_Host: 4-10 MiB on the H200 for SmolLM2),
@@ -339,9 +354,9 @@ def plan(header: GGUFHeader, sizes: ModelSizes, devices: Sequence[Device], *, n_
     lo = min(fit.MIN_CONTEXT, native)
     split = tuple(round(f, 3) for f in _split_fractions(gpus)) if len(gpus) > 1 else ()
 
-    def at(ctx: int, ngl: int, moe: int = 0) -> tuple[Placement, ...]:
+    def at(ctx: int, ngl: int, moe: int = 0, use_gpus: bool = True) -> tuple[Placement, ...]:
         return place(header, sizes, devices, n_ctx=ctx, n_gpu_layers=ngl, n_cpu_moe=moe, cache_type=cache_type,
-                     n_seq=n_seq, split=split or None, n_outputs=n_outputs)
+                     n_seq=n_seq, split=split or None, n_outputs=n_outputs, use_gpus=use_gpus)
 
     def make(ctx: int, ngl: int, moe: int, why: str) -> Plan:
         placed = at(ctx, ngl, moe)
@@ -412,10 +427,15 @@ def plan(header: GGUFHeader, sizes: ModelSizes, devices: Sequence[Device], *, n_
         if shrunk is not None:
             ctx = shrunk
             ngl = most_layers(ctx)
-    if ngl == 0 and n_ctx is None:  # nothing goes to the GPUs: the context is not cut for them
-        ctx = largest_ctx(lambda c: _fits(at(c, 0)), lo, top) or lo
-        return make(ctx, 0, 0, "no layer fits the GPU memory: every layer in RAM; "
-                    + _ctx_why(ctx, None, top, "host RAM"))
+    if ngl == 0:  # nothing goes to the GPUs: the context is not cut for them
+        off = not _gpus_fit(at(ctx, 0))  # not even the op-offload buffer fits: the GPUs are not used at all
+        ctx = n_ctx or largest_ctx(lambda c: _fits(at(c, 0, use_gpus=not off)), lo, top) or lo
+        placed = at(ctx, 0, use_gpus=not off)
+        why = ("no layer fits the GPU memory: every layer in RAM"
+               + (", the GPU not used (--device none)" if off else "") + "; " + _ctx_why(ctx, n_ctx, top, "host RAM"))
+        ok = _fits(placed)
+        return Plan(name, ctx, n, 0, (), 0, placed, ok, why if ok else f"{why}; {_shortfall(placed)}", (),
+                    devices_off=off)
     what = (f"split: {ngl} of {full} layers on the GPU" + ("s" if len(gpus) > 1 else "")
             + (" (their experts in RAM)" if moe and ngl else "") + ", the rest in RAM"
             if ngl else "no layer fits the GPU memory: every layer in RAM")

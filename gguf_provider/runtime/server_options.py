@@ -259,7 +259,7 @@ OPTIONS: tuple[ServerOption, ...] = (
         "n_gpu_layers", int | None, None,
         "Layers to offload to the GPUs (`-ngl`, the output head counting as one); default: the memory plan's, as "
         "many as fit, the rest in RAM (`gguf-provider plan`, docs/gpu.md).",
-        flags=("-ngl", "--tensor-split", "--n-cpu-moe", "--fit"), argv=_n_gpu_layers),
+        flags=("-ngl", "--tensor-split", "--n-cpu-moe", "--device", "--fit"), argv=_n_gpu_layers),
     ServerOption(
         "n_parallel", int | None, None,
         "Parallel slots (`-np`); default: llama-server's automatic choice, sharing one KV cache.",

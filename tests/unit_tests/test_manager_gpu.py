@@ -31,6 +31,9 @@ def gpu_world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, vram: int) -> Wor
 
 
 def ngl(argv: list[str]) -> int:
+    """Layers on the GPU: -ngl's value, 0 with `--device none` (the GPU not used at all)."""
+    if "--device" in argv and argv[argv.index("--device") + 1] == "none":
+        return 0
     return int(argv[argv.index("-ngl") + 1])
 
 

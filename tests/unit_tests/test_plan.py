@@ -8,6 +8,7 @@ the ``--list-devices`` captures in data/list_devices.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ from gguf_provider.runtime.devices import Device
 from gguf_provider.runtime.gguf import GGUFHeader, TensorInfo, read_header, read_tensors
 from gguf_provider.runtime.plan import (
     FIT_MIN_CONTEXT,
+    SPECULATIVE_OUTPUTS,
     GiB,
     MiB,
     ModelSizes,
@@ -562,3 +564,21 @@ def test_moe_whose_dense_part_does_not_fit_keeps_experts_in_ram(tmp_path: Path) 
     assert p.n_cpu_moe == 48  # every offloaded layer dense-only
     assert gpu.weights == sizes.output + len(gpu.layers) * 35 * MiB
     assert len(gpu.layers) > 20  # 35 MiB dense-only layers, not 350 MiB whole ones
+
+
+def test_a_gpu_too_small_for_its_op_offload_buffer_is_not_used(qwen_file: Path) -> None:
+    """llama.cpp computes the logits and large host operations on the first GPU even at -ngl 0; when not even that
+    buffer fits (a speculating server's logits on a tiny device), the plan keeps everything in RAM and leaves the
+    GPU out (`--device none`) instead of planning a start that runs out of device memory."""
+    header = read_header(qwen_file)
+    meta = {**header.metadata, "qwen2.vocab_size": 151936}
+    header = dataclasses.replace(header, metadata=meta)
+    sizes = ModelSizes.of_files(header, [qwen_file])
+    tiny = plan(header, sizes, named("vulkan:120MiB", "cpu:64GiB"), n_outputs=SPECULATIVE_OUTPUTS)
+    assert tiny.fits and tiny.devices_off and tiny.args() == ["--device", "none"] and tiny.n_gpu_layers == 0
+    vk, cpu = tiny.placements
+    assert vk.total == 0 and len(cpu.layers) == 24 and cpu.output
+    assert "--device none" in tiny.reason
+    # Without speculation's logits the same device holds the op-offload buffer: -ngl 0, the GPU used for compute.
+    plain = plan(header, sizes, named("vulkan:120MiB", "cpu:64GiB"))
+    assert not plain.devices_off and plain.args()[:2] == ["-ngl", str(plain.n_gpu_layers)]
