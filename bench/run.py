@@ -13,7 +13,7 @@ Environment: ``BENCH_ROUNDS`` (first rounds, default 9), ``BENCH_MAX_ROUNDS`` (c
 ``BENCH_PAIR_MAX_ROUNDS`` and ``BENCH_PAIR_MAX_STREAMS`` (caps of P1/P2's rounds of the pairs still within noise,
 default 161 rounds or 420 streams in those rounds, whichever comes first), ``BENCH_TOKENS``
 (default 256), ``BENCH_PORT`` (default 18731), ``BENCH_THREADS`` (llama-server threads, default 1), ``BENCH_ONLY``
-(comma list of p1,p3,p4,p5,p6,p7,p8,p9 to run a subset, p2 runs with p1; the report then holds only those),
+(comma list of p1,p3,p4,p5,p6,p7,p8,p9,p17 to run a subset, p2 runs with p1; the report then holds only those),
 ``BENCH_OUT`` (a directory for the report instead of docs/ and bench/, e.g. for a second run to compare).
 
 This module only orchestrates: settings in bench/config.py, the scenarios in bench/scenarios/, the report in
@@ -41,6 +41,7 @@ from bench.scenarios.batch import bench_batch
 from bench.scenarios.cache_type import bench_cache_type
 from bench.scenarios.header import bench_header
 from bench.scenarios.multiturn import bench_multiturn
+from bench.scenarios.prompt_cache import bench_prompt_cache
 from bench.scenarios.speculative import bench_speculative
 from bench.scenarios.startup import bench_attach, bench_cold
 from bench.scenarios.stream import bench_replay, bench_stream
@@ -113,6 +114,8 @@ def run(cfg: Config, results_path: Path) -> dict[str, Any]:
         res["p7"] = bench_speculative(cfg, large)
     if "p9" in cfg.only:
         res["p9"] = bench_cache_type(large)
+    if "p17" in cfg.only:
+        res["p17"] = bench_prompt_cache(cfg, small)
     res["machine"]["load_after"] = list(os.getloadavg())
     res["elapsed_s"] = time.perf_counter() - started
     return res
@@ -128,12 +131,12 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(report.compare(Path(args[i + 1]), Path(args[i + 2])))
     cfg = Config.from_env()
     results_path, md_path, png_path = cfg.outputs()
-    if "--report" in args:  # re-render docs from the results (e.g. after editing bench/NOTES.md)
-        report.write_docs(json.loads(results_path.read_text()), md_path, png_path, cfg)
+    if "--report" in args:  # re-render the pages from the results (after a change to bench/report.py)
+        report.write_docs(json.loads(results_path.read_text()), md_path, png_path, cfg, results_path.with_suffix(".md"))
         return
     res = run(cfg, results_path)
     results_path.write_text(json.dumps(res, indent=1, default=str))
-    report.write_docs(res, md_path, png_path, cfg)
+    report.write_docs(res, md_path, png_path, cfg, results_path.with_suffix(".md"))
     for r in report.rows(res):
         print(" | ".join(r))
     log(f"done in {res['elapsed_s']:.0f} s: {md_path}, {png_path}, {results_path}")

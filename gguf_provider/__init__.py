@@ -1,12 +1,16 @@
 """gguf-provider: local GGUF models as first-class citizens of LangChain, LlamaIndex and Jupyter.
 
-Importing this package imports neither LangChain nor LlamaIndex: the adapters load on first access.
+Importing this package imports neither LangChain nor LlamaIndex: the adapters load on first access. It logs through
+Python's ``logging`` (logger ``gguf_provider``), silent unless ``$GGUF_PROVIDER_LOG`` or the application says
+otherwise (:mod:`gguf_provider.logs`, docs/logging.md).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
+from . import logs
 from .errors import (
     APIError,
     BinaryNotFoundError,
@@ -24,6 +28,7 @@ from .errors import (
     ModelDownloadError,
     ModelError,
     ModelNotFoundError,
+    NotARerankerError,
     RPCWorkerLostError,
     RPCWorkerUnreachableError,
     ServerConnectionError,
@@ -37,15 +42,20 @@ from .errors import (
 
 __version__ = "0.1.0"
 
+logging.getLogger(logs.LOGGER).addHandler(logging.NullHandler())  # silent by default, as libraries are
+logs.from_env()  # $GGUF_PROVIDER_LOG=debug|info|warning|error: a stderr handler for scripts
+
 if TYPE_CHECKING:
-    from .langchain import ChatGGUF, GGUFEmbeddings
-    from .llama_index import GGUF, GGUFEmbedding
+    from .langchain import ChatGGUF, GGUFEmbeddings, GGUFRerank
+    from .llama_index import GGUF, GGUFEmbedding, GGUFRerankPostprocessor
 
 _LAZY = {
     "ChatGGUF": ("gguf_provider.langchain", "langchain", "langchain_core"),
     "GGUFEmbeddings": ("gguf_provider.langchain", "langchain", "langchain_core"),
+    "GGUFRerank": ("gguf_provider.langchain", "langchain", "langchain_core"),
     "GGUF": ("gguf_provider.llama_index", "llama-index", "llama_index.core"),
     "GGUFEmbedding": ("gguf_provider.llama_index", "llama-index", "llama_index.core"),
+    "GGUFRerankPostprocessor": ("gguf_provider.llama_index", "llama-index", "llama_index.core"),
 }
 
 
@@ -55,7 +65,11 @@ def __getattr__(name: str) -> Any:
         import importlib
         import importlib.util
 
-        if importlib.util.find_spec(dep) is None:
+        try:
+            found = importlib.util.find_spec(dep) is not None
+        except ModuleNotFoundError:  # a dotted name whose parent package is missing (llama_index.core)
+            found = False
+        if not found:
             raise ImportError(f"{name} needs {dep}: pip install 'gguf-provider[{extra}]'")
         return getattr(importlib.import_module(module), name)
     raise AttributeError(f"module 'gguf_provider' has no attribute {name!r}")
@@ -78,10 +92,10 @@ def unload_ipython_extension(ipython: Any) -> None:
 __all__ = [
     "APIError", "BinaryNotFoundError", "BuildError", "ChatGGUF", "ContextOverflowError", "DeviceOutOfMemoryError",
     "DraftModelMismatchError",
-    "GGUF", "GGUFEmbedding", "GGUFEmbeddings",
+    "GGUF", "GGUFEmbedding", "GGUFEmbeddings", "GGUFRerank", "GGUFRerankPostprocessor",
     "GGUFFormatError", "GGUFProviderError", "InsufficientDiskError", "InsufficientMemoryError", "MediaFetchError",
     "MediaURLRefusedError", "MissingShardError",
-    "ModelDownloadError", "ModelError", "ModelNotFoundError", "RPCWorkerLostError", "RPCWorkerUnreachableError",
+    "ModelDownloadError", "ModelError", "ModelNotFoundError", "NotARerankerError", "RPCWorkerLostError", "RPCWorkerUnreachableError",
     "ServerConnectionError", "ServerCrashedError", "ServerError",
     "ServerStartError", "ServerTimeoutError", "UnknownQuantError", "UnsupportedInputError",
     "__version__",

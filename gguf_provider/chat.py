@@ -8,29 +8,52 @@ into their framework's types.
 from __future__ import annotations
 
 import json
+import logging
+import time
 import warnings
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Generator, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .engine import Engine
-from .errors import LoopWarning, RepeatedToolCallWarning
-from .events import Collector, Completion, Event, Finish, LoopStopped, TextDelta, ToolCallDelta
+from .errors import GenerationTimeWarning, LoopWarning, RepeatedToolCallWarning
+from .events import (
+    Collector,
+    Completion,
+    Event,
+    Finish,
+    LoopStopped,
+    ReasoningDelta,
+    TextDelta,
+    Timings,
+    ToolCallDelta,
+    Usage,
+)
 from .tools import (
     ToolCall,
     answered_calls,
     call_key,
     could_be_tool_call,
     forced_schema,
-    heal_tool_calls,
+    heal_reply,
+    marker_start,
     only_repeats,
     parse_forced,
     tool_name,
 )
 
+log = logging.getLogger(__name__)
 Reasoning = bool | str | None
 REASONING_EFFORTS = ("low", "medium", "high")
+# ``max_time="auto"`` for a call with no max_tokens: 600 s. A normal answer (2,000 tokens) fits at 3.3 tokens/s, a
+# 7B model's speed on a slow CPU. Measured on the 2-core dev machine (256 tokens, ignore_eos): SmolLM2-135M Q4_1
+# 94-98 tokens/s, Qwen2.5-Coder-0.5B Q4_K_M 31-33: a 128k ramble would run 22 and 68 minutes; it ends after 10.
+DEFAULT_MAX_TIME = 600.0
+# llama-server checks t_max_predict_ms only when a token holds a newline; a reply past the bound that writes none
+# is closed by us once it is this much over (the same finish_reason and warning).
+MAX_TIME_GRACE = 1.25
+TICKS = 16  # events between two readings of the clock for that
 
 
 def normalize_tool_choice(choice: Any) -> str | None:
@@ -62,6 +85,16 @@ class ChatRequest:
     reasoning: Reasoning = None
     heal_tool_calls: bool = True
     loop_guard: bool = True
+    max_time: float | str | None = "auto"  # seconds; "auto": DEFAULT_MAX_TIME when max_tokens is unset
+
+    @property
+    def time_bound(self) -> float | None:
+        """The reply's time bound in seconds (``max_time``), or None for none."""
+        if self.max_time == "auto":
+            return DEFAULT_MAX_TIME if self.params.get("max_tokens") is None else None
+        if isinstance(self.max_time, str) or (self.max_time is not None and self.max_time < 0):
+            raise ValueError(f"max_time must be seconds (>= 0), None or 'auto', not {self.max_time!r}")
+        return float(self.max_time) if self.max_time else None
 
     @property
     def forced(self) -> list[str] | None:
@@ -93,6 +126,9 @@ class ChatRequest:
         kwargs = reasoning_kwargs(self.reasoning)
         if kwargs:
             body["chat_template_kwargs"] = {**kwargs, **body.get("chat_template_kwargs", {})}
+        bound = self.time_bound
+        if bound:
+            body.setdefault("t_max_predict_ms", max(1, round(bound * 1000)))
         return body
 
 
@@ -133,8 +169,14 @@ class EventProcessor:
         self.names = {tool_name(t) for t in request.tools}
         self.heal = bool(request.tools) and request.heal_tool_calls and request.tool_choice != "none" \
             and not self.forced
+        self.tools = request.tools
         self.buffer: list[str] = []
         self.buffering = self.constrained or self.heal
+        # Once prose is streaming: a tagged call may still follow it. Text that may begin one is held (``carry``);
+        # from a whole marker on, the rest of the reply is held (``tail``) and healed at the end.
+        self.scan = self.heal and not self.constrained
+        self.carry = ""
+        self.tail: list[str] | None = None
         self.native_calls = 0
         self.answered = answered_calls(request.messages) if self.heal else set()
         self.repeated_only = False  # the reply only repeated calls whose results the conversation already has
@@ -144,40 +186,118 @@ class EventProcessor:
         # ... and so is one that ran out of the default max_tokens (constrained_max_tokens) without closing its JSON.
         self.default_bound = request.params.get("max_tokens") is None
         self.looped: str | None = None  # why the reply is asked again: "repetition" or "length"
+        # max_time: what tells a reply cut by time from one cut by max_tokens or the context's end.
+        self.max_time = request.time_bound
+        self.max_tokens = request.params.get("max_tokens")
+        self.started: float | None = None  # the first generated token's arrival
+        self.ticks = 1  # events until the clock is read again (past_bound)
+        self.overdue = False  # closed by us, past the bound with no newline for the server to stop at
+        self.reason: str | None = None  # the server's finish reason
+        self.predicted_ms: float | None = None
+        self.completion_tokens: int | None = None
 
     def feed(self, ev: Event) -> list[Event]:
         if type(ev) is TextDelta and not self.buffering:  # the common case, once per token
-            return [ev]
+            return self._scan(ev.text) if self.scan else [ev]
         if isinstance(ev, TextDelta) and self.buffering:
             self.buffer.append(ev.text)
             if self.constrained or could_be_tool_call("".join(self.buffer)):
                 return []
             self.buffering = False  # plainly prose: release what we held and stream on
             text, self.buffer = "".join(self.buffer), []
-            return [TextDelta(text)]
+            return self._scan(text) if self.scan else [TextDelta(text)]
         if isinstance(ev, ToolCallDelta):
             self.native_calls = max(self.native_calls, ev.index + 1)
             return [ev]
         if isinstance(ev, Finish):
+            self.reason = ev.reason
             return self._finish(ev)
+        if isinstance(ev, Timings) and isinstance(ev.data.get("predicted_ms"), (int, float)):
+            self.predicted_ms = float(ev.data["predicted_ms"])
+        elif isinstance(ev, Usage):
+            self.completion_tokens = ev.completion_tokens
         if isinstance(ev, LoopStopped) and ev.channel == "content" and self.buffering:
             # What we hold is the whole content so far: cut it here, before it is healed or released.
             self.buffer = ["".join(self.buffer)[:ev.keep]]
             return []
+        if isinstance(ev, LoopStopped) and ev.channel == "content" and self.tail is not None:
+            # A call that became a loop is no call: what is held is released (the collector cuts it at ``keep``).
+            held, self.carry, self.tail, self.scan = self.carry + "".join(self.tail), "", None, False
+            return [TextDelta(held), ev]
         return [ev]
 
+    def past_bound(self, ev: Event) -> bool:
+        """Every ``TICKS`` events: whether the reply ran ``MAX_TIME_GRACE`` × ``max_time`` (+1 s) past its first
+        token without the server stopping it (it stops only at a newline); then the caller closes the stream."""
+        if self.max_time is None or self.reason is not None:
+            self.ticks = 1 << 62
+            return False
+        if self.started is None:
+            if isinstance(ev, (TextDelta, ReasoningDelta, ToolCallDelta)):
+                self.started = time.monotonic()
+                self.ticks = TICKS
+            return False
+        self.ticks = TICKS
+        self.overdue = time.monotonic() - self.started > self.max_time * MAX_TIME_GRACE + 1
+        return self.overdue
+
+    def end(self) -> list[Event]:
+        """After the stream: the finish of a reply we closed past its bound, and the warning of one cut by time."""
+        out = self.feed(Finish("length")) if self.overdue else []
+        if self.cut_by_time():
+            how = "closed by gguf-provider: no newline" if self.overdue else "llama-server's t_max_predict_ms"
+            log.info("max_time: the reply was cut after %g s (%s)", self.max_time, how)
+            warnings.warn(f"the reply was cut by max_time={self.max_time:g} s (finish_reason 'length'); pass a larger "
+                          "max_time, or max_time=None for no time bound", GenerationTimeWarning, stacklevel=4)
+        return out
+
+    def cut_by_time(self) -> bool:
+        """Whether the reply ended (finish reason ``length``) because of ``max_time``, not max_tokens or the
+        context: llama-server's generation time (``predicted_ms``) is past the bound."""
+        if self.max_time is None or self.reason != "length" or self.looped:
+            return False
+        if self.overdue:
+            return True
+        if self.max_tokens is not None and (self.completion_tokens or 0) >= self.max_tokens:
+            return False
+        if self.predicted_ms is not None:
+            return self.predicted_ms >= self.max_time * 1000
+        return self.started is not None and time.monotonic() - self.started >= self.max_time
+
+    def _scan(self, text: str) -> list[Event]:
+        """Prose streams on, but from where a tagged call may begin (``marker_start``) the text is held."""
+        if self.tail is not None:
+            self.tail.append(text)
+            return []
+        if not self.carry and "<" not in text and not text[-1:].isspace():
+            return [TextDelta(text)]
+        s, self.carry = self.carry + text, ""
+        i = marker_start(s)
+        if i < 0:
+            return [TextDelta(s)]
+        shown, held = s[:i], s[i:]
+        if "tool_call>" in held or "<function=" in held:
+            self.tail = [held]
+        else:
+            self.carry = held
+        return [TextDelta(shown)] if shown else []
+
     def _finish(self, ev: Finish) -> list[Event]:
+        if self.tail is not None or self.carry:
+            return self._finish_tail(ev)
         text, self.buffer = "".join(self.buffer), []
         self.buffering = False
         if self.may_retry_loop and (ev.reason == "repetition" or (ev.reason == "length" and self.default_bound)):
             self.looped = ev.reason
             return []  # the caller asks again, with a repeat penalty
         calls: list[ToolCall] | None = None
+        prose = ""
         if text and self.forced:
             call = parse_forced(text)
             calls = [call] if call else None
         elif text and self.heal:
-            calls = heal_tool_calls(text, self.names)
+            healed = heal_reply(text, self.names, self.tools, cut=ev.reason == "length")
+            calls, prose = (healed.calls, healed.content) if healed else (None, "")
             if self.answered:
                 fresh = [c for c in calls or () if call_key(c.name, c.arguments) not in self.answered]
                 if (calls and not fresh) or (not calls and only_repeats(text, self.answered)):
@@ -185,47 +305,100 @@ class EventProcessor:
                     return []  # the caller asks again, without tools
                 calls = fresh or calls
         if calls:
-            out: list[Event] = [ToolCallDelta(self.native_calls + i, c.id, c.name, c.arguments)
-                                for i, c in enumerate(calls)]
-            out.append(Finish("tool_calls", ev.model))
-            return out
+            return self._calls(calls, ev, [TextDelta(prose)] if prose else [])
         tail: list[Event] = [TextDelta(text)] if text else []
         return [*tail, ev]
+
+    def _finish_tail(self, ev: Finish) -> list[Event]:
+        """The end of a reply whose prose streamed: the held text is a tagged call (or several), or more prose."""
+        held, self.carry, tail, self.tail = self.carry + "".join(self.tail or ()), "", self.tail, None
+        healed = heal_reply(held, self.names, self.tools, cut=ev.reason == "length", after_prose=True) if tail \
+            else None
+        if healed and not healed.content:
+            return self._calls(healed.calls, ev, [])
+        return [TextDelta(held), ev] if held else [ev]
+
+    def _calls(self, calls: list[ToolCall], ev: Finish, before: list[Event]) -> list[Event]:
+        out: list[Event] = [*before, *(ToolCallDelta(self.native_calls + i, c.id, c.name, c.arguments)
+                                       for i, c in enumerate(calls))]
+        out.append(Finish("tool_calls", ev.model))
+        return out
+
+
+def _events(engine: Engine, request: ChatRequest, proc: EventProcessor) -> Iterator[Event]:
+    """One request's events through ``proc``; a reply past its time bound is closed (the server cancels it)."""
+    events = engine.stream(request.payload(), loop_guard=request.loop_guard)
+    try:
+        for ev in events:
+            yield from proc.feed(ev)
+            proc.ticks -= 1  # the clock is read every TICKS events: the per-token path stays a few calls
+            if proc.ticks <= 0 and proc.past_bound(ev):
+                break
+    finally:
+        if isinstance(events, Generator):
+            events.close()
+    yield from proc.end()
+
+
+async def _aevents(engine: Engine, request: ChatRequest, proc: EventProcessor) -> AsyncGenerator[Event, None]:
+    # aclosing: closing this generator (a consumer that stops early) closes the request at once, not at GC.
+    async with aclosing(engine.astream(request.payload(), loop_guard=request.loop_guard)) as events:
+        async for ev in events:
+            for out in proc.feed(ev):
+                yield out
+            proc.ticks -= 1
+            if proc.ticks <= 0 and proc.past_bound(ev):
+                break
+    for out in proc.end():
+        yield out
 
 
 def stream(engine: Engine, request: ChatRequest) -> Iterator[Event]:
     proc = EventProcessor(request)
-    for ev in engine.stream(request.payload(), loop_guard=request.loop_guard):
-        yield from proc.feed(ev)
+    # Inlined (not through _events): one generator less per token.
+    events = engine.stream(request.payload(), loop_guard=request.loop_guard)
+    try:
+        for ev in events:
+            yield from proc.feed(ev)
+            proc.ticks -= 1
+            if proc.ticks <= 0 and proc.past_bound(ev):
+                break
+    finally:
+        if isinstance(events, Generator):
+            events.close()
+    yield from proc.end()
     if proc.looped:
         retry = _for_loop_retry(request, proc.looped)
         yield from stream(engine, retry)
     elif proc.repeated_only:
         # Asked once more without tools; the reply is judged by the same tools (it may repeat the call again).
         again = EventProcessor(request)
-        for ev in engine.stream(_without_tools(request).payload(), loop_guard=request.loop_guard):
-            yield from again.feed(ev)
+        yield from _events(engine, _without_tools(request), again)
         if again.repeated_only:
             yield from _tool_results_answer(request)
 
 
 async def astream(engine: Engine, request: ChatRequest) -> AsyncGenerator[Event, None]:
     proc = EventProcessor(request)
-    # aclosing: closing this generator (a consumer that stops early) closes the request at once, not at GC.
+    # Inlined (not through _aevents): one async generator less per token.
     async with aclosing(engine.astream(request.payload(), loop_guard=request.loop_guard)) as events:
         async for ev in events:
             for out in proc.feed(ev):
                 yield out
+            proc.ticks -= 1
+            if proc.ticks <= 0 and proc.past_bound(ev):
+                break
+    for out in proc.end():
+        yield out
     if proc.looped:
         async with aclosing(astream(engine, _for_loop_retry(request, proc.looped))) as retried:
             async for ev in retried:
                 yield ev
     elif proc.repeated_only:
         again = EventProcessor(request)
-        async with aclosing(engine.astream(_without_tools(request).payload(), loop_guard=request.loop_guard)) as events:
-            async for ev in events:
-                for out in again.feed(ev):
-                    yield out
+        async with aclosing(_aevents(engine, _without_tools(request), again)) as more:
+            async for ev in more:
+                yield ev
         if again.repeated_only:
             for out in _tool_results_answer(request):
                 yield out
@@ -237,6 +410,7 @@ ANSWER_NUDGE = "Answer my question in words now, using the tool results above. D
 def _without_tools(request: ChatRequest) -> ChatRequest:
     """The request asked once more, without tools and with a one-line nudge to answer: when a small model's whole
     reply was a call it had already made and got the result of (it would loop on it otherwise)."""
+    log.info("loop guard: the model repeated an answered tool call; asking once more without tools")
     warnings.warn("the model repeated a tool call whose result it already has; asking it once more, without tools, "
                   "to answer from the result", RepeatedToolCallWarning, stacklevel=3)
     messages = [*request.messages, {"role": "user", "content": ANSWER_NUDGE}]
@@ -247,6 +421,7 @@ def _tool_results_answer(request: ChatRequest) -> list[Event]:
     """The last resort when the model repeats the answered call even without tools (the 0.5B test model does,
     about half the time): the results of the last tool calls are the answer, as with LlamaIndex's
     ``return_direct``, so an agent ends with the result instead of raw call JSON."""
+    log.info("loop guard: the model repeated the answered tool call again; returning the tool results as the answer")
     warnings.warn("the model repeated its answered tool call again; the tool results are returned as the answer",
                   RepeatedToolCallWarning, stacklevel=3)
     results: list[str] = []
@@ -271,6 +446,7 @@ def _for_loop_retry(request: ChatRequest, why: str) -> ChatRequest:
     what = "became a loop" if why == "repetition" else "ran out of its default max_tokens before its JSON closed"
     added = {k: v for k, v in LOOP_RETRY_PARAMS.items() if request.params.get(k) is None}
     settings = ", ".join(f"{k}={v}" for k, v in added.items())
+    log.info("loop guard: the structured reply %s; asking once more with %s", what, settings)
     warnings.warn(f"the structured reply {what}; asking once more with {settings}", LoopWarning, stacklevel=3)
     return replace(request, params={**request.params, **added})
 

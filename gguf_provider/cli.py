@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import __version__
+from . import __version__, logs
 from .errors import GGUFProviderError
 
 
@@ -26,7 +26,7 @@ def _bar(total: int, desc: str) -> Any:
 
 
 def cmd_server_install(args: argparse.Namespace) -> int:
-    from .runtime import backend, install
+    from .runtime import backend, install, installed
 
     bar: Any = None
 
@@ -46,11 +46,13 @@ def cmd_server_install(args: argparse.Namespace) -> int:
         return 2
     t0 = time.monotonic()
     try:
-        inst = install.install(args.backend, method=args.method, force=args.force, cmake_args=args.cmake_arg,
-                               progress=progress)
+        inst = install.install(args.backend or "auto", method=args.method, force=args.force,
+                               cmake_args=args.cmake_arg, progress=progress)
     finally:
         if bar is not None:
             bar.close()
+    # A named backend is the one used from now on, though the machine would pick another; none named: the machine's.
+    installed.name_backend(inst.backend if args.backend not in (None, "auto") else None)
     took = time.monotonic() - t0
     what = "installed" if inst.fresh else "already installed"
     print(f"llama-server {what}: {inst.server} ({inst.version}, backend {inst.backend}, {inst.describe()}, "
@@ -120,7 +122,7 @@ def cmd_server_version(args: argparse.Namespace) -> int:
 def cmd_ps(args: argparse.Namespace) -> int:
     from .status import memory_budget, running_servers
 
-    rows = running_servers()
+    rows = running_servers(live=True)  # each server's /metrics, all at once, "–" after a bounded wait
     budget = memory_budget(rows)
     if args.json:
         print(json.dumps({"servers": [dataclasses.asdict(r) for r in rows], "budget": dataclasses.asdict(budget)},
@@ -134,7 +136,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
               f"{r.rss / 2**20:.0f})  leases {r.leases}  last used {now - r.last_used:6.0f}s ago  {r.model}  "
               f"{r.address}" + (f"  workers {','.join(r.workers)}" if r.workers else "")
               + (f"  {r.describe_options()}" if r.describe_options() else "")
-              + (f"\n    on {r.describe_placement()}" if r.placement else ""))
+              + (f"\n    on {r.describe_placement()}" if r.placement else "")
+              + f"\n    live: {r.describe_metrics()}" + (f"\n    log: {r.log}" if r.log else ""))
     print(budget.describe())
     return 0
 
@@ -385,27 +388,59 @@ def cmd_embed(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rerank(args: argparse.Namespace) -> int:
+    from .engine import Engine, EngineConfig
+
+    docs = args.document or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    if not docs:
+        print("gguf-provider: error: give documents as arguments or one per line on stdin", file=sys.stderr)
+        return 2
+    engine = Engine(EngineConfig(model=args.spec, rerank=True, n_ctx=args.ctx))
+    try:
+        ranked = engine.rerank(args.query, docs, top_n=args.top_n)
+    finally:
+        engine.unload()
+    if args.json:
+        print(json.dumps({"model": engine.model_name, "query": args.query,
+                          "results": [{"rank": n, "index": r.index, "score": r.score, "document": docs[r.index]}
+                                      for n, r in enumerate(ranked, 1)]}))
+    else:
+        for n, r in enumerate(ranked, 1):
+            print(f"{n:>3}  {r.score:10.4f}  {docs[r.index]}")
+    return 0
+
+
 def _command(sub: Any, name: str, func: Callable[[argparse.Namespace], int], help: str,
              json_flag: bool = False) -> argparse.ArgumentParser:
     """Add command ``name`` to ``sub``, run by ``func(args)``; ``json_flag`` gives it ``--json``."""
     cmd: argparse.ArgumentParser = sub.add_parser(name, help=help)
+    _verbose(cmd, "verbose_cmd")
     if json_flag:
         cmd.add_argument("--json", action="store_true")
     cmd.set_defaults(func=func)
     return cmd
 
 
+def _verbose(parser: argparse.ArgumentParser, dest: str) -> None:
+    parser.add_argument("-v", "--verbose", dest=dest, action="count", default=0,
+                        help="log what gguf-provider does to stderr: -v info, -vv debug (docs/logging.md)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole ``gguf-provider`` parser: every command and flag is declared here."""
     p = argparse.ArgumentParser(prog="gguf-provider", description="Local GGUF models on a managed llama-server.")
     p.add_argument("--version", action="version", version=f"gguf-provider {__version__}")
+    _verbose(p, "verbose")  # before or after the command: `gguf-provider -v ps`, `gguf-provider ps -v`
     sub = p.add_subparsers(dest="command", required=True)
 
     server = sub.add_parser("server", help="the llama-server binary: install, info, path, version")
+    _verbose(server, "verbose_group")  # `gguf-provider server -v info`, as on every command
     ssub = server.add_subparsers(dest="server_command", required=True)
     inst = _command(ssub, "install", cmd_server_install,
                     "install llama-server: llama.cpp's pinned release archive, else a build from the pinned source")
-    inst.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda", "vulkan", "metal"])
+    inst.add_argument("--backend", choices=["auto", "cpu", "cuda", "vulkan", "metal"],
+                      help="the backend to install and use from now on (default: auto, the one that fits this "
+                           "machine, which a later `server install` without --backend also goes back to)")
     inst.add_argument("--from", dest="method", default="auto", choices=["auto", "prebuilt", "source"],
                       help="auto (default): an existing install, else the release archive, else the source build")
     inst.add_argument("--force", action="store_true", help="reinstall even if already installed")
@@ -475,11 +510,22 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("--truncate", action="store_true",
                        help="embed the first tokens of a text longer than the model's context instead of failing")
     embed.add_argument("--ctx", type=int)
+    rerank = _command(sub, "rerank", cmd_rerank, "rank documents (arguments, or lines of stdin) by a reranker model's "
+                      "relevance score to a query: rank, score, document per line, best first", json_flag=True)
+    rerank.add_argument("spec", help="a reranker model (e.g. bge-reranker-v2-m3): path, name in the models dir, or "
+                        "org/repo[:QUANT]")
+    rerank.add_argument("query")
+    rerank.add_argument("document", nargs="*")
+    rerank.add_argument("--top-n", type=int, help="print only the best N (default: all)")
+    rerank.add_argument("--ctx", type=int)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    level = logs.verbosity(args.verbose + getattr(args, "verbose_group", 0) + getattr(args, "verbose_cmd", 0))
+    if level is not None:  # else $GGUF_PROVIDER_LOG, applied at import, stands
+        logs.enable(level)
     try:
         rc: int = args.func(args)
         return rc

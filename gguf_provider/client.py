@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import weakref
 from collections.abc import AsyncGenerator, Generator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -187,6 +189,12 @@ class EngineClient:
         _raise_for_status(r, r.content)
         return r.json()
 
+    async def aget_json(self, path: str) -> Any:
+        with _timeouts():
+            r = await self.ahttp.get(path)
+        _raise_for_status(r, r.content)
+        return r.json()
+
     def post_json(self, path: str, payload: dict[str, Any]) -> Any:
         with _timeouts():
             r = self.http.post(path, json=payload)
@@ -248,10 +256,45 @@ class EngineClient:
     async def aembed(self, inputs: Sequence[str | list[int]], **extra: Any) -> list[list[float]]:
         return _embeddings(await self.apost_json("/v1/embeddings", {**extra, "input": list(inputs)}))
 
+    def rerank(self, query: str, documents: Sequence[str], **extra: Any) -> list[RerankResult]:
+        """A score for each document against ``query`` from ``/v1/rerank`` (a server started with ``--rerank``),
+        best first; ``extra`` fields go into the request body."""
+        return _reranked(self.post_json("/v1/rerank", rerank_body(query, documents, extra)), len(documents))
+
+    async def arerank(self, query: str, documents: Sequence[str], **extra: Any) -> list[RerankResult]:
+        return _reranked(await self.apost_json("/v1/rerank", rerank_body(query, documents, extra)), len(documents))
+
 
 def _embeddings(data: dict[str, Any]) -> list[list[float]]:
     items = sorted(data.get("data") or [], key=lambda d: int(d.get("index", 0)))
     return [list(map(float, d["embedding"])) for d in items]
+
+
+@dataclass(frozen=True)
+class RerankResult:
+    """One document's relevance to a query: its position in the list given, and the model's score (higher: more
+    relevant; the scale is the model's own, e.g. a logit for bge-reranker, a probability for Qwen3-Reranker)."""
+
+    index: int
+    score: float
+
+
+def rerank_body(query: str, documents: Sequence[str], extra: dict[str, Any]) -> dict[str, Any]:
+    """The ``/v1/rerank`` request (Jina's shape: ``query``, ``documents``); no ``top_n``: the engine ranks every
+    batch's answers together and cuts once."""
+    return {**extra, "query": query, "documents": list(documents)}
+
+
+def _reranked(data: Any, n_documents: int) -> list[RerankResult]:
+    """The ``results`` of a ``/v1/rerank`` answer as typed results, checked: one per document, each index once."""
+    try:
+        results = [RerankResult(int(r["index"]), float(r["relevance_score"])) for r in data["results"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise APIError(f"malformed /v1/rerank answer from llama-server ({exc!r}): {_short(data)}") from exc
+    if sorted(r.index for r in results) != list(range(n_documents)) or not all(math.isfinite(r.score)
+                                                                               for r in results):
+        raise APIError(f"/v1/rerank answered {len(results)} results for {n_documents} documents: {_short(data)}")
+    return results
 
 
 class _timeouts:

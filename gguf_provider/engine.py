@@ -9,11 +9,12 @@ starts a fresh server), retries such calls, and applies the context limits (:mod
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import threading
 import time
 import weakref
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from contextlib import aclosing, closing, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,14 +24,17 @@ import httpx
 
 from . import limits, media
 from .client import EngineClient
+from .client import RerankResult as RerankResult  # the result type of Engine.rerank
 from .errors import (
+    APIError,
+    GGUFProviderError,
     RPCWorkerLostError,
     ServerConnectionError,
     ServerCrashedError,
 )
 from .events import Collector, Completion, Event
 from .loops import LoopGuard
-from .runtime import diagnose, server_options
+from .runtime import diagnose, prompt_cache, server_options
 from .runtime import manager as mgr
 from .runtime.diagnose import rpc_lost as rpc_lost  # importable from here as before
 from .runtime.progress import Progress
@@ -38,12 +42,23 @@ from .runtime.server_options import validate_cache_type as validate_cache_type  
 
 DEFAULT_TIMEOUT = 600.0  # local models can be slow: 30 s defaults are a known complaint
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 Transport = httpx.BaseTransport | httpx.AsyncBaseTransport
 API_KEY_ENV = "GGUF_PROVIDER_API_KEY"  # the key of an attached server, kept off command lines and code
+# Documents per /v1/rerank request. The server scores a request's pairs n_parallel at a time either way, so batches
+# cost next to nothing (256 pairs of 40-120 words, the test reranker on 2 CPU cores, medians of 3: 8.8 s in one
+# request, 8.7 s in batches of 64 or of 16); they bound one request's time (the timeout is per request) and let
+# other clients' requests in between.
+RERANK_BATCH = 64
 
 
 def env_api_key() -> str | None:
     return os.environ.get(API_KEY_ENV) or None
+
+
+def _log_retry(exc: Exception, attempt: int, max_retries: int) -> None:
+    log.warning("retry %d of %d (max_retries) on a fresh server after %s: %s", attempt + 1, max_retries,
+                type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
 
 
 @dataclass(frozen=True)
@@ -67,6 +82,7 @@ class EngineConfig:
     rpc_servers: tuple[str, ...] = ()
     embedding: bool = False
     pooling: str | None = None
+    rerank: bool = False  # a reranker's server (`--rerank`): the model is checked to be one before the start
     vision: bool = False
     mmproj: str | None = None  # a projector file; implies vision
     port: int | None = None
@@ -81,6 +97,7 @@ class EngineConfig:
     # "auto" (the build's n-gram self-speculation), "off"/False, an n-gram type, or a draft model spec; chat only
     speculative: bool | str = "auto"
     kv_cache_type: str = "f16"  # K and V cache type: f16, q8_0, q4_0, ... (what the build lists)
+    prompt_cache: bool = True  # long prompts' KV saved at a stop, restored by the next server (runtime/prompt_cache)
     # Hosts, addresses or networks whose non-public image URLs may be fetched, "*", "file:" (media.FetchPolicy);
     # None: $GGUF_PROVIDER_MEDIA_ALLOW_HOSTS, read at each request
     media_allow_hosts: tuple[str, ...] | None = None
@@ -100,7 +117,7 @@ def resolve_spec(cfg: EngineConfig) -> mgr.ServerSpec:
     from .runtime import speculative
     from .runtime.models import ModelRef, resolve
 
-    mode = speculative.OFF if cfg.embedding else speculative.normalize(cfg.speculative)
+    mode = speculative.OFF if cfg.embedding or cfg.rerank else speculative.normalize(cfg.speculative)
     found = resolve(ModelRef(
         cfg.model, repo=cfg.repo, quant=cfg.quant, filename=cfg.filename, revision=cfg.revision, token=cfg.hf_token,
         model_path=cfg.model_path, vision=cfg.vision, mmproj=cfg.mmproj, offline=cfg.offline, progress=cfg.progress,
@@ -237,9 +254,10 @@ class Engine:
                 return call()
             except RPCWorkerLostError:
                 raise  # a worker that went away does not come back on a retry
-            except (ServerCrashedError, ServerConnectionError):
+            except (ServerCrashedError, ServerConnectionError) as exc:
                 if attempt >= self.config.max_retries:
                     raise
+                _log_retry(exc, attempt, self.config.max_retries)
         raise AssertionError("unreachable")
 
     async def aretrying(self, call: Callable[[], Awaitable[T]]) -> T:
@@ -248,9 +266,10 @@ class Engine:
                 return await call()
             except RPCWorkerLostError:
                 raise  # a worker that went away does not come back on a retry
-            except (ServerCrashedError, ServerConnectionError):
+            except (ServerCrashedError, ServerConnectionError) as exc:
                 if attempt >= self.config.max_retries:
                     raise
+                _log_retry(exc, attempt, self.config.max_retries)
         raise AssertionError("unreachable")
 
     def media_policy(self) -> media.FetchPolicy:
@@ -271,6 +290,7 @@ class Engine:
         (:class:`ContextOverflowError`).
         """
         payload = media.prepare(payload, self.modalities(), model=self._where(), policy=self.media_policy())
+        payload = self.restore_prompt(payload)
         n_ctx = self.n_ctx
         if not n_ctx or limits.fits(payload, n_ctx):
             return payload
@@ -278,6 +298,7 @@ class Engine:
 
     async def aprepare(self, payload: dict[str, Any]) -> dict[str, Any]:
         payload = await media.aprepare(payload, self.modalities(), model=self._where(), policy=self.media_policy())
+        payload = await self.arestore_prompt(payload)
         n_ctx = self.n_ctx
         if not n_ctx or limits.fits(payload, n_ctx):
             return payload
@@ -286,6 +307,66 @@ class Engine:
             prompt = await client.aapply_template(limits.template_payload(payload))
             n_prompt = len(await client.atokenize(prompt))
         return limits.apply_limits(payload, n_prompt, n_ctx)
+
+    # the prompt cache ---------------------------------------------------------------------------------------
+
+    def _prompt_cache(self) -> prompt_cache.ServerCache | None:
+        info = self._info
+        if info is None or self._lease is None or not info.prompt_cache:
+            return None  # an attached server's directory is not ours to know
+        return prompt_cache.for_server(info.pid, info.create_time, Path(info.prompt_cache), model=info.model,
+                                       build=str(info.props.get("build_info") or ""))
+
+    def restore_prompt(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """On a server's first requests (:data:`~.runtime.prompt_cache.FIRST_REQUESTS`): when a prompt saved by an
+        earlier server of this model and options shares at least ``MIN_TOKENS`` tokens with this request's, restore
+        it into a free slot and send the request there (``id_slot``), so that only the rest is processed. Costs a
+        directory listing when nothing is saved; a failure only leaves the prompt to be processed as usual."""
+        cache = self._prompt_cache()
+        candidates = cache.pending() if cache is not None and "id_slot" not in payload else []
+        if cache is None or not candidates:
+            return payload
+        client = self.client
+        restoring: prompt_cache.Match | None = None
+        try:
+            with self.guard():
+                tokens = client.tokenize(client.apply_template(limits.template_payload(payload)))
+                match = cache.choose(tokens, candidates)
+                slot = prompt_cache.free_slot(client.get_json("/slots")) if match is not None else None
+                if match is None or slot is None:
+                    return payload
+                restoring = match
+                try:
+                    answer = client.post_json(f"/slots/{slot}?action=restore", {"filename": match.saved.path.name})
+                except APIError as exc:
+                    answer = {"error": str(exc)}
+        except GGUFProviderError as exc:
+            return _no_restore(restoring, exc, payload)
+        return {**payload, "id_slot": slot} if cache.restored(match, answer) else payload
+
+    async def arestore_prompt(self, payload: dict[str, Any]) -> dict[str, Any]:
+        cache = self._prompt_cache()
+        candidates = cache.pending() if cache is not None and "id_slot" not in payload else []
+        if cache is None or not candidates:
+            return payload
+        client = self.client
+        restoring: prompt_cache.Match | None = None
+        try:
+            with self.guard():
+                tokens = await client.atokenize(await client.aapply_template(limits.template_payload(payload)))
+                match = cache.choose(tokens, candidates)
+                slot = prompt_cache.free_slot(await client.aget_json("/slots")) if match is not None else None
+                if match is None or slot is None:
+                    return payload
+                restoring = match
+                try:
+                    answer = await client.apost_json(f"/slots/{slot}?action=restore",
+                                                     {"filename": match.saved.path.name})
+                except APIError as exc:
+                    answer = {"error": str(exc)}
+        except GGUFProviderError as exc:
+            return _no_restore(restoring, exc, payload)
+        return {**payload, "id_slot": slot} if cache.restored(match, answer) else payload
 
     def count_prompt_tokens(self, payload: dict[str, Any]) -> int:
         """Tokens of the prompt's text (the chat template applied by the server, then tokenized); image and audio
@@ -371,9 +452,71 @@ class Engine:
 
         return await self.aretrying(run)
 
+    def rerank(self, query: str, documents: Sequence[str], *, top_n: int | None = None,
+               batch_size: int = RERANK_BATCH, **extra: Any) -> list[RerankResult]:
+        """The documents' relevance to ``query``, best first (``top_n`` of them, or all): one
+        :class:`RerankResult` (the document's index in ``documents``, its score) each, from ``/v1/rerank`` in
+        requests of ``batch_size`` documents. A query+document pair longer than :meth:`embed_limit` tokens raises
+        :class:`ContextOverflowError` naming the document, before any is scored. No documents: no request."""
+        docs = self._rerank_args(documents, top_n, batch_size)
+        if not docs:
+            return []
+
+        def run() -> list[RerankResult]:
+            client = self.client
+            limit = self.embed_limit()
+            with self.guard():
+                long = [i for i, d in enumerate(docs) if limits.pair_may_exceed(query, d, limit)]
+                if long:
+                    n_query = len(client.tokenize(query, special=False))
+                    for i in long:
+                        limits.check_pair(i, docs[i], n_query, len(client.tokenize(docs[i], special=False)), limit)
+                found: list[RerankResult] = []
+                for start in range(0, len(docs), batch_size):
+                    batch = client.rerank(query, docs[start:start + batch_size], **extra)
+                    found += [RerankResult(start + r.index, r.score) for r in batch]
+            return best_first(found, top_n)
+
+        return self.retrying(run)
+
+    async def arerank(self, query: str, documents: Sequence[str], *, top_n: int | None = None,
+                      batch_size: int = RERANK_BATCH, **extra: Any) -> list[RerankResult]:
+        docs = self._rerank_args(documents, top_n, batch_size)
+        if not docs:
+            return []
+
+        async def run() -> list[RerankResult]:
+            client = self.client
+            limit = self.embed_limit()
+            with self.guard():
+                long = [i for i, d in enumerate(docs) if limits.pair_may_exceed(query, d, limit)]
+                if long:
+                    n_query = len(await client.atokenize(query, special=False))
+                    for i in long:
+                        n_doc = len(await client.atokenize(docs[i], special=False))
+                        limits.check_pair(i, docs[i], n_query, n_doc, limit)
+                found: list[RerankResult] = []
+                for start in range(0, len(docs), batch_size):
+                    batch = await client.arerank(query, docs[start:start + batch_size], **extra)
+                    found += [RerankResult(start + r.index, r.score) for r in batch]
+            return best_first(found, top_n)
+
+        return await self.aretrying(run)
+
+    def _rerank_args(self, documents: Sequence[str], top_n: int | None, batch_size: int) -> list[str]:
+        if isinstance(documents, str):
+            raise ValueError("documents must be a list of texts, not one string")
+        if top_n is not None and top_n < 0:
+            raise ValueError(f"top_n must be None (every document) or >= 0, not {top_n}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, not {batch_size}")
+        if not (self.config.rerank or self.config.base_url):
+            raise ValueError("this engine's server is no reranker: EngineConfig(rerank=True, ...) starts one")
+        return list(documents)
+
     def embed_limit(self) -> int:
-        """The most tokens one text may have: the slot's context, and for a server we started, its physical batch
-        (a non-causal embedder sees a text in one batch)."""
+        """The most tokens one text (or one reranked query+document pair) may have: the slot's context, and for a
+        server we started, its physical batch (a non-causal embedder sees a text in one batch)."""
         n_ctx = self.n_ctx
         if self._lease is None:
             return n_ctx
@@ -382,6 +525,22 @@ class Engine:
 
     def with_config(self, **changes: Any) -> Engine:
         return Engine(replace(self.config, **changes), transport=self.transport)
+
+
+def best_first(results: list[RerankResult], top_n: int | None = None) -> list[RerankResult]:
+    """Highest score first (a tie: the earlier document first), cut to ``top_n``."""
+    ranked = sorted(results, key=lambda r: (-r.score, r.index))
+    return ranked if top_n is None else ranked[:top_n]
+
+
+def _no_restore(restoring: prompt_cache.Match | None, exc: GGUFProviderError,
+                payload: dict[str, Any]) -> dict[str, Any]:
+    """A restore that could not happen: the prompt is processed as usual. A file that made the server crash (this
+    build aborts on some malformed slot files) is discarded; the request then goes to a fresh server."""
+    if restoring is not None and isinstance(exc, ServerCrashedError):
+        prompt_cache.discard(restoring.saved.path, "llama-server crashed restoring it")
+    log.debug("prompt cache: no restore (%s: %s)", type(exc).__name__, exc)
+    return payload
 
 
 def _still_alive(info: mgr.ServerInfo, grace: float = 0.3) -> bool:

@@ -13,7 +13,8 @@ Every error the library raises on purpose derives from :class:`GGUFProviderError
     │   ├── GGUFFormatError                not a valid GGUF file, or truncated
     │   ├── InsufficientDiskError          not enough disk for the download
     │   ├── ModelDownloadError             the download failed or is incomplete
-    │   └── DraftModelMismatchError        a draft model's vocabulary is not the model's .model .draft
+    │   ├── DraftModelMismatchError        a draft model's vocabulary is not the model's .model .draft
+    │   └── NotARerankerError              a model given to rerank is no reranker        .model
     ├── InsufficientMemoryError            the model does not fit (free memory, budget, model count)
     │   └── DeviceOutOfMemoryError         a start ran out of a device's memory         .device .needed
     ├── MediaFetchError                    an image URL could not be fetched           .url .status_code
@@ -41,6 +42,10 @@ What to catch:
   request). ``ModelError``: anything about the model file.
 * ``MediaFetchError``: an ``http(s)`` image URL in a message could not be fetched (status, size, type, network);
   ``MediaURLRefusedError`` when it was not even tried: a non-public address or another scheme (docs/security.md).
+
+Warnings (``UserWarning`` subclasses, here too): ``LoopWarning``, ``GenerationTimeWarning`` (a reply cut by
+``max_time``), ``RepeatedToolCallWarning``, ``SpeculationWarning``, ``BackendWarning``, ``PromptCacheWarning``,
+``MemoryBudgetWarning``.
 
 Wrong arguments raise ``ValueError``, not these. docs/errors.md says when each class is raised.
 """
@@ -213,8 +218,9 @@ class MediaFetchError(GGUFProviderError):
 
 class MediaURLRefusedError(MediaFetchError):
     """An image URL was not fetched because of where it points: a loopback, private, link-local, multicast or
-    reserved address (after DNS resolution, or after a redirect), or a scheme other than http(s) and ``data:``.
-    ``reason`` says which; ``media_allow_hosts`` / ``$GGUF_PROVIDER_MEDIA_ALLOW_HOSTS`` allow it."""
+    reserved address (after DNS resolution, or after a redirect), a scheme other than http(s) and ``data:``, or
+    URL fetching turned off (``none``). ``reason`` says which; ``media_allow_hosts`` /
+    ``$GGUF_PROVIDER_MEDIA_ALLOW_HOSTS`` allow it."""
 
     def __init__(self, message: str, url: str, reason: str) -> None:
         super().__init__(message, url)
@@ -235,11 +241,26 @@ class DraftModelMismatchError(ModelError):
         self.draft = draft
 
 
+class NotARerankerError(ModelError):
+    """A model given to a reranker (``GGUFRerank``, ``rerank``) is no reranker: its GGUF header has no ``rank``
+    pooling type and it has no classifier head (``cls.output``/``cls`` tensors). Raised before the server starts
+    and before any request (llama-server would score with whatever its first output is)."""
+
+    def __init__(self, message: str, model: Path) -> None:
+        super().__init__(message)
+        self.model = model
+
+
 # --- warnings ------------------------------------------------------------------------------------------------
 
 
 class LoopWarning(UserWarning):
     """The loop guard stopped a reply that had become a repeating cycle (``finish_reason="repetition"``)."""
+
+
+class GenerationTimeWarning(UserWarning):
+    """A reply was cut by ``max_time`` (llama-server's ``t_max_predict_ms``; ``finish_reason="length"``): pass a
+    larger ``max_time``, or ``max_time=None`` for no time bound."""
 
 
 class RepeatedToolCallWarning(UserWarning):
@@ -256,6 +277,12 @@ class BackendWarning(UserWarning):
     """The llama-server in use computes on the CPU of a machine with a GPU (a CPU build, or a GPU build this
     machine's GPU cannot run); the message names the reason and the fix (docs/install.md#which-backend). Said once
     per process and binary, at the first model start."""
+
+
+class PromptCacheWarning(UserWarning):
+    """The prompt cache (a long prompt's KV saved when a server stops, restored by the next one; docs/runtime.md)
+    skipped something: a save that failed or ran out of its time bound (the server stopped anyway), or a saved file
+    that was corrupt or did not match the server and was deleted instead of served."""
 
 
 class MemoryBudgetWarning(UserWarning):

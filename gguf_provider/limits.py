@@ -37,6 +37,30 @@ def fit_text(index: int, text: str, with_special: list[int], plain: list[int], l
     return [*with_special[:head], *plain[:limit - head - len(tail)], *tail]
 
 
+# The special tokens llama-server puts around a query+document pair that a reranker scores: [CLS] query [SEP]
+# [SEP] document [SEP] at most (BERT/XLM-RoBERTa cross-encoders; server-common.cpp's format_prompt_rerank).
+PAIR_SPECIAL_TOKENS = 4
+
+
+def pair_may_exceed(query: str, document: str, limit: int) -> bool:
+    """Whether a query+document pair might be more tokens than ``limit`` (the cheap bound of :func:`may_exceed`)."""
+    return len(query.encode()) + len(document.encode()) + PAIR_SPECIAL_TOKENS > limit
+
+
+def check_pair(index: int, document: str, n_query: int, n_document: int, limit: int) -> None:
+    """A pair of ``n_query`` + ``n_document`` tokens (without special tokens) that does not fit the ``limit`` a
+    reranker takes per pair raises :class:`ContextOverflowError` naming the document."""
+    n = n_query + n_document + PAIR_SPECIAL_TOKENS
+    if n <= limit:
+        return
+    room = limit - n_query - PAIR_SPECIAL_TOKENS
+    hint = (f"split documents into chunks under {room} tokens" if room > 0 else
+            "the query alone fills it: shorten the query")
+    raise ContextOverflowError(
+        f"document {index} to rerank is {n_document} tokens, {n} with the query, but the reranker takes at most "
+        f"{limit} per query+document pair (starts {document[:40]!r}): {hint}", n_prompt_tokens=n, n_ctx=limit)
+
+
 def template_payload(payload: dict[str, Any]) -> dict[str, Any]:
     """The part of a chat payload the server's ``/apply-template`` takes, images and audio left out."""
     keys = ("messages", "tools", "chat_template_kwargs", "tool_choice")

@@ -28,12 +28,15 @@ texts, all in C.
 
 from __future__ import annotations
 
+import logging
 import re
 import warnings
 from dataclasses import dataclass
 
 from .errors import LoopWarning
 from .events import Event, Finish, LoopStopped, ReasoningDelta, TextDelta
+
+log = logging.getLogger(__name__)
 
 MIN_SPAN = 600  # characters the repetition must cover before it is called a loop
 MIN_REPEATS = 4  # units in that span (so a long unit needs MIN_REPEATS × its length)
@@ -161,6 +164,7 @@ class LoopGuard:
             return None
         if loop is None:
             return None
+        log.info("loop guard: stopped a reply at a loop in its %s: %s", channel, loop.describe())
         warnings.warn(f"stopped a reply that became a loop: {loop.describe()} in its {channel}; the reply ends "
                       f"after the first repetition (finish_reason 'repetition'). Pass loop_guard=False (per call "
                       f"or on the model) to let it run", LoopWarning, stacklevel=2)

@@ -48,7 +48,8 @@ FETCH_TIMEOUT = 30.0
 """Seconds a URL fetch may take in all (connect, redirects and body)."""
 MAX_REDIRECTS = 5
 ALLOW_HOSTS_ENV = "GGUF_PROVIDER_MEDIA_ALLOW_HOSTS"
-"""The default of ``media_allow_hosts``: comma-separated hosts, addresses or networks, ``*``, ``file:``."""
+"""The default of ``media_allow_hosts``: comma-separated hosts, addresses or networks, ``*``, ``file:``, or ``none``
+(no URL fetched)."""
 MEDIA_PART_BOUND = 4096
 """Tokens one media part may stand for in the engine's cheap "surely fits" bound (an image is 16 to a few thousand
 tokens, depending on the projector and the image size)."""
@@ -122,12 +123,14 @@ def remote_urls(messages: Any, policy: FetchPolicy | None = None) -> list[str]:
     """The distinct image URLs in ``messages`` that are not ``data:`` URIs, in order: ``http(s)``, and ``file:``
     when the policy allows local files. Any other scheme is :class:`MediaURLRefusedError`, so no URL reaches
     llama-server unchecked (it would fetch an ``http://`` URL itself)."""
-    files = (policy or FetchPolicy.from_env()).files
+    policy = policy or FetchPolicy.from_env()
+    files = policy.files
     urls: list[str] = []
     for part in _parts(messages):
         url = _url_of(part)
         if url is None or url.startswith("data:"):
             continue
+        policy.check_on(url)
         scheme = url.split(":", 1)[0].lower() if ":" in url else ""
         if scheme == "file" and not files:
             raise MediaURLRefusedError(
@@ -242,12 +245,14 @@ def not_public(address: str) -> str | None:
 class FetchPolicy:
     """Which image URLs may be fetched. By default only public addresses: every address a host resolves to, and
     every redirect's, must be public. ``hosts`` (names, lower case), ``networks`` (addresses and CIDR ranges) and
-    ``any_host`` (``*``) allow non-public ones; ``files`` (``file:``) lets ``file://`` URLs be read."""
+    ``any_host`` (``*``) allow non-public ones; ``files`` (``file:``) lets ``file://`` URLs be read; ``off``
+    (``none``) refuses every URL, whatever else is listed."""
 
     hosts: frozenset[str] = frozenset()
     networks: tuple[_Network, ...] = ()
     any_host: bool = False
     files: bool = False
+    off: bool = False
     setting: tuple[str, ...] = field(default=(), compare=False)
 
     @classmethod
@@ -268,12 +273,19 @@ class FetchPolicy:
                 networks.append(ipaddress.ip_network(entry.removeprefix("[").removesuffix("]"), strict=False))
             except ValueError:
                 hosts.add(entry.lower().rstrip("."))
-        return cls(frozenset(hosts - {"*"}), tuple(networks), "*" in hosts,
-                   any(e in ("file:", "file://") for e in entries), entries)
+        return cls(frozenset(hosts - {"*", "none"}), tuple(networks), "*" in hosts,
+                   any(e in ("file:", "file://") for e in entries), "none" in hosts, entries)
 
     @classmethod
     def from_env(cls) -> FetchPolicy:
         return cls.parse(None)
+
+    def check_on(self, url: str) -> None:
+        """:class:`MediaURLRefusedError` (``.reason`` ``"off"``) for any URL when fetching is off (``none``)."""
+        if self.off:
+            raise MediaURLRefusedError(
+                f"image URL {_short(url)} was not fetched: URL fetching is off (media_allow_hosts='none' or "
+                f"${ALLOW_HOSTS_ENV}=none); pass the image's bytes or a data: URI", url, "off")
 
     def pin(self, url: str, original: str) -> str:
         """The address to connect to for ``url`` (one it resolves to), after checking every one of them;
@@ -379,6 +391,7 @@ def fetch(url: str, *, transport: httpx.BaseTransport | None = None, max_bytes: 
     (default: ``$GGUF_PROVIDER_MEDIA_ALLOW_HOSTS``, public addresses only) does not allow. The limits default to
     :data:`MAX_IMAGE_BYTES` and :data:`FETCH_TIMEOUT` (read at each call)."""
     policy = policy or FetchPolicy.from_env()
+    policy.check_on(url)
     if url.lower().startswith("file:") and policy.files:
         return read_file(url, max_bytes=max_bytes)
     max_bytes, timeout = max_bytes or MAX_IMAGE_BYTES, timeout or FETCH_TIMEOUT
@@ -409,6 +422,7 @@ def fetch(url: str, *, transport: httpx.BaseTransport | None = None, max_bytes: 
 async def afetch(url: str, *, transport: httpx.AsyncBaseTransport | None = None, max_bytes: int | None = None,
                  timeout: float | None = None, policy: FetchPolicy | None = None) -> str:
     policy = policy or FetchPolicy.from_env()
+    policy.check_on(url)
     if url.lower().startswith("file:") and policy.files:
         return await asyncio.to_thread(read_file, url, max_bytes=max_bytes)
     max_bytes, timeout = max_bytes or MAX_IMAGE_BYTES, timeout or FETCH_TIMEOUT

@@ -1,6 +1,7 @@
 """Every option of the adapters, declared once: pydantic groups with a description and a default each.
 
-The adapters compose the groups (chat: :class:`ChatOptions`; embeddings: :class:`EmbeddingOptions`) plus their
+The adapters compose the groups (chat: :class:`ChatOptions`; embeddings: :class:`EmbeddingOptions`; rerankers:
+:class:`RerankOptions`) plus their
 framework's rule for unknown keyword arguments (:class:`LangChainExtras`, :class:`LlamaIndexExtras`). A new option
 is one field here plus the place in the runtime or in :mod:`gguf_provider.chat` that uses it: a field whose name is
 an :class:`~gguf_provider.engine.EngineConfig` field reaches the engine through :meth:`EngineOptions.engine_config`.
@@ -30,7 +31,15 @@ from pydantic import (
 from typing_extensions import Self
 
 from . import chat
-from .engine import API_KEY_ENV, DEFAULT_TIMEOUT, Engine, EngineConfig, env_api_key
+from .engine import (
+    API_KEY_ENV,
+    DEFAULT_TIMEOUT,
+    RERANK_BATCH,
+    Engine,
+    EngineConfig,
+    RerankResult,
+    env_api_key,
+)
 from .runtime import server_options
 from .runtime.manager import DEFAULT_START_TIMEOUT
 
@@ -145,16 +154,19 @@ class SamplingOptions(_Options):
     frequency_penalty: float | None = Field(default=None, description="OpenAI-style frequency penalty.")
     seed: int | None = Field(default=None, description="Sampling seed, for repeatable replies.")
     max_tokens: int | None = Field(default=None, description=(
-        "Most tokens to generate; default (and upper bound): what the context leaves after the prompt."))
+        "Most tokens to generate; default and cap: what the context leaves after the prompt."))
     stop: list[str] | None = Field(default=None, alias="stop_sequences", description=(
         "Strings that end the reply (also accepted as `stop_sequences`)."))
     reasoning: bool | Literal["low", "medium", "high"] | None = Field(default=None, description=(
         "Thinking: None = the template's default, True/False = on/off, `low`/`medium`/`high` = effort."))
+    max_time: float | Literal["auto"] | None = Field(default="auto", description=(
+        "Seconds of generation (`t_max_predict_ms`), then finish reason `length` and a `GenerationTimeWarning`; "
+        "`auto`: 600 without `max_tokens`; None/0: none."))
     loop_guard: bool = Field(default=True, description=(
-        "Stop a reply whose tail has become one unit repeated over and over (finish reason `repetition`, with a "
-        "`LoopWarning`); False lets it run to `max_tokens`."))
+        "Stop a reply that became one unit repeated (finish reason `repetition`, a `LoopWarning`); False lets it "
+        "run."))
     auto_heal_tool_calls: bool = Field(default=True, description=(
-        "Turn tool calls a model wrote as text (`<tool_call>`, bare JSON) into real tool calls."))
+        "Turn tool calls written as text (JSON, Qwen3-Coder XML) into tool calls."))
 
 
 class MediaOptions(_Options):
@@ -163,8 +175,9 @@ class MediaOptions(_Options):
     media_allow_hosts: list[str] | str | None = Field(default=None, description=(
         "Image URLs are fetched from public addresses only; these hosts (names, addresses or CIDR networks, e.g. "
         "`localhost`, `10.0.0.0/8`) may be fetched although they resolve to loopback, private or other internal "
-        "addresses; `*` allows every host, `file:` reads `file://` URLs (a list, or one comma-separated string). "
-        "Default: `$GGUF_PROVIDER_MEDIA_ALLOW_HOSTS`, else none (docs/security.md)."))
+        "addresses; `*` allows every host, `file:` reads `file://` URLs, `none` fetches no URL at all (a list, or "
+        "one comma-separated string). Default: `$GGUF_PROVIDER_MEDIA_ALLOW_HOSTS`, else public addresses only "
+        "(docs/security.md)."))
 
     @field_validator("media_allow_hosts", mode="before")
     @classmethod
@@ -178,24 +191,24 @@ class ClientOptions(_Options):
     timeout: float | None = Field(default=DEFAULT_TIMEOUT, description=(
         "Seconds a request may take (None: the default); local models can be slow."))
     max_retries: int = Field(default=2, description=(
-        "Retries of a whole (non-streamed) request whose server crashed or could not be reached; a fresh server "
-        "is started for the retry."))
+        "Retries of a whole (non-streamed) request whose server crashed or was unreachable, on a fresh server."))
     transport: Any = Field(default=None, exclude=True, description=(
-        "An httpx transport that carries every request to an attached `base_url` (tests replay recorded streams "
-        "through `httpx.MockTransport`)."))
+        "An httpx transport for an attached `base_url` (tests replay recorded streams with "
+        "`httpx.MockTransport`)."))
 
 
 class EngineOptions(ModelOptions, ServerOptions, ClientOptions):
     """The options every adapter has, and the one place they become an :class:`EngineConfig`."""
 
     _embedding: ClassVar[bool] = False
+    _rerank: ClassVar[bool] = False
     _engine: Engine | None = PrivateAttr(default=None)
 
     def engine_config(self) -> EngineConfig:
         """The engine's config from the fields of the same names: secrets unwrapped, lists made tuples, None left
         to the engine's defaults."""
         declared = type(self).model_fields
-        values: dict[str, Any] = {"embedding": self._embedding}
+        values: dict[str, Any] = {"embedding": self._embedding, "rerank": self._rerank}
         for f in dataclasses.fields(EngineConfig):
             if f.name not in declared:
                 continue
@@ -243,7 +256,7 @@ class ChatOptions(EngineOptions, ChatServerOptions, SamplingOptions, MediaOption
             tool_choice=chat.normalize_tool_choice(kwargs.pop("tool_choice", None)),
             response_format=kwargs.pop("response_format", None), params=params,
             reasoning=kwargs.pop("reasoning", self.reasoning), heal_tool_calls=self.auto_heal_tool_calls,
-            loop_guard=kwargs.pop("loop_guard", self.loop_guard))
+            loop_guard=kwargs.pop("loop_guard", self.loop_guard), max_time=kwargs.pop("max_time", self.max_time))
         request.params.update(self.extra_body())
         request.params.update({k: v for k, v in kwargs.items() if v is not None})
         return request
@@ -267,6 +280,25 @@ class EmbeddingOptions(EngineOptions, _EmbeddingServerFields):
 
     async def aembed(self, texts: list[str]) -> list[list[float]]:
         return await self.engine.aembed(texts, truncate=self.truncate, **self.extra_body()) if texts else []
+
+
+class RerankOptions(EngineOptions):
+    """Every option of a reranker (a LangChain document compressor, a LlamaIndex node postprocessor)."""
+
+    _rerank: ClassVar[bool] = True
+
+    top_n: int | None = Field(default=3, ge=0, description=(
+        "How many of the best documents (nodes) to keep, best first; None keeps them all, reordered."))
+    batch_size: int = Field(default=RERANK_BATCH, ge=1, description=(
+        "Documents scored per `/v1/rerank` request; the best `top_n` are picked over all of them."))
+
+    def rerank(self, query: str, documents: list[str]) -> list[RerankResult]:
+        return self.engine.rerank(query, documents, top_n=self.top_n, batch_size=self.batch_size,
+                                  **self.extra_body()) if documents else []
+
+    async def arerank(self, query: str, documents: list[str]) -> list[RerankResult]:
+        return await self.engine.arerank(query, documents, top_n=self.top_n, batch_size=self.batch_size,
+                                         **self.extra_body()) if documents else []
 
 
 # --- unknown keyword arguments: each framework's convention, never silent ---------------------------------------

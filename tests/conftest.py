@@ -69,6 +69,14 @@ def projector_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def reranker_path() -> Path:
+    """all-MiniLM-L6-v2 plus a seeded one-label classifier head: a real reranker GGUF whose scores mean nothing."""
+    from scripts.test_models import ensure
+
+    return ensure("reranker")
+
+
+@pytest.fixture(scope="session")
 def llama_src() -> Path:
     """The llama.cpp source tree of the installed build (its models/templates/*.jinja are real templates)."""
     from gguf_provider.runtime import install

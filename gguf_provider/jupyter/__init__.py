@@ -7,6 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
+# Without the extra: an ImportError naming the pip install, not a bare ModuleNotFoundError.
+try:
+    import IPython  # noqa: F401
+except ModuleNotFoundError as exc:
+    raise ImportError(f"gguf_provider.jupyter needs IPython ({exc}): pip install 'gguf-provider[jupyter]'") from exc
+
 from .commands import GGUFMagics, interpolate
 from .display import GGUFReply, ModelSummary
 

@@ -12,6 +12,7 @@ import argparse
 import base64
 import hashlib
 import json
+import logging
 import mimetypes
 import re
 import shlex
@@ -24,7 +25,7 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from .. import chat, status
+from .. import chat, logs, status
 from ..engine import Engine, EngineConfig
 from ..errors import GGUFProviderError, ServerError
 from ..events import ReasoningDelta, TextDelta, Timings, Usage
@@ -67,6 +68,7 @@ def _cell_parser() -> _ArgParser:
     p.add_argument("-s", "--system")
     p.add_argument("-t", "--temperature", type=float)
     p.add_argument("-n", "--max-tokens", type=int)
+    p.add_argument("--max-time", type=float)
     p.add_argument("--no-history", action="store_true")
     p.add_argument("-o", "--output")
     p.add_argument("-f", "--format", choices=["markdown", "text", "code", "json"], default="markdown")
@@ -135,10 +137,11 @@ class GGUFMagics(Magics):
         super().__init__(shell)
         self.models: dict[str, _Model] = {}
         self.current: str | None = None
-        self.settings: dict[str, Any] = {"system": None, "temperature": None, "max_tokens": None}
+        self.settings: dict[str, Any] = {"system": None, "temperature": None, "max_tokens": None, "max_time": None}
         self._cell_id: str | None = None
         self._shell: Any = shell
         shell.events.register("pre_run_cell", self._pre_run_cell)
+        logs.from_env()  # $GGUF_PROVIDER_LOG, also when it was set after the import (`%env`, os.environ)
 
     def _pre_run_cell(self, info: Any) -> None:
         self._cell_id = getattr(info, "cell_id", None)
@@ -148,7 +151,7 @@ class GGUFMagics(Magics):
     @line_cell_magic
     def gguf(self, line: str, cell: str | None = None) -> Any:
         """%gguf load SPEC | ps | devices [--rpc HOST:PORT,...] | list | unload [NAME|--all] | use NAME | reset [NAME]
-        | history | config | PROMPT
+        | history | config | log [LEVEL] | PROMPT
         %%gguf [NAME] [-s SYSTEM] [-t TEMP] [-n MAX_TOKENS] [--no-history] [-o VAR] [-f FORMAT] [--think|--no-think]
         [--no-interpolate] [--image PATH_OR_URL ...]"""
         try:
@@ -170,8 +173,8 @@ class GGUFMagics(Magics):
         except ValueError as exc:
             raise UsageError(f"%gguf: {exc}") from None
         if not words:
-            raise UsageError("%gguf: give a subcommand (load, ps, devices, list, unload, use, reset, history, config) or a "
-                             "prompt")
+            raise UsageError("%gguf: give a subcommand (load, ps, devices, list, unload, use, reset, history, config, "
+                             "log) or a prompt")
         cmd, rest = words[0], words[1:]
         handler = getattr(self, f"_cmd_{cmd}", None)
         if handler is None:
@@ -218,10 +221,11 @@ class GGUFMagics(Magics):
                             engine.modalities())
 
     def _cmd_ps(self, args: list[str]) -> _Table:
-        servers = status.running_servers()
+        servers = status.running_servers(live=True)
         now = time.time()
         rows = [{"id": r.id, "pid": r.pid, "model": r.model.rsplit("/", 1)[-1], "ctx": r.ctx, "leases": r.leases,
                  "memory": f"{r.memory / 2**20:.0f} MiB", "last used": f"{now - r.last_used:.0f} s ago",
+                 "live": r.describe_metrics(),
                  **({"workers": ", ".join(r.workers)} if any(s.workers for s in servers) else {}),
                  **({"devices": r.describe_placement() or "CPU"} if any(s.placement for s in servers) else {})}
                 for r in servers]
@@ -246,6 +250,18 @@ class GGUFMagics(Magics):
         if workers and not any(d.kind == "rpc" for d in listed):
             footer += f"; no RPC device listed for {','.join(workers)}: is `gguf-provider rpc-worker` running there?"
         return _Table(rows, "no devices", footer)
+
+    def _cmd_log(self, args: list[str]) -> None:
+        """``%gguf log [debug|info|warning|error|off]``: gguf-provider's log records in the cell output (stderr)."""
+        if len(args) > 1:
+            raise UsageError("%gguf log [debug|info|warning|error|off]")
+        if args:
+            try:
+                logs.enable(args[0])
+            except ValueError as exc:
+                raise UsageError(f"%gguf log: {exc}") from None
+        h = logs.handler()
+        print(f"gguf-provider log: {logging.getLevelName(h.level).lower() if h else 'off'}")
 
     def _cmd_list(self, args: list[str]) -> _Table:
         rows = [{"name": m.name, "size": f"{m.size_bytes / 2**20:.0f} MiB", "path": m.path}
@@ -285,8 +301,9 @@ class GGUFMagics(Magics):
         p.add_argument("--system")
         p.add_argument("--temperature", type=float)
         p.add_argument("--max-tokens", type=int)
+        p.add_argument("--max-time", type=float)
         ns = p.parse_args(args)
-        for key in ("system", "temperature", "max_tokens"):
+        for key in ("system", "temperature", "max_tokens", "max_time"):
             value = getattr(ns, key)
             if value is not None:
                 self.settings[key] = value
@@ -296,7 +313,8 @@ class GGUFMagics(Magics):
         """The reply streams into the output as it comes (and stays in ``_gguf_last``): nothing to return."""
         model = self._model(None)
         messages = self._messages(model, prompt, self.settings["system"], history=False)
-        self._run(model, messages, self.settings["temperature"], self.settings["max_tokens"], model.reasoning)
+        self._run(model, messages, self.settings["temperature"], self.settings["max_tokens"], model.reasoning,
+                  max_time=self.settings["max_time"])
 
     # --- the cell -------------------------------------------------------------------------------------------
 
@@ -317,7 +335,8 @@ class GGUFMagics(Magics):
         max_tokens = ns.max_tokens if ns.max_tokens is not None else self.settings["max_tokens"]
         reasoning = ns.think if ns.think is not None else model.reasoning
         response_format = {"type": "json_object"} if ns.format == "json" else None
-        reply = self._run(model, messages, temperature, max_tokens, reasoning, response_format,
+        max_time = ns.max_time if ns.max_time is not None else self.settings["max_time"]
+        reply = self._run(model, messages, temperature, max_tokens, reasoning, response_format, max_time=max_time,
                           live=ns.format != "json", markdown=ns.format != "text")
         if not ns.no_history:
             self._record(model, key, prompt, reply.text, images)
@@ -364,9 +383,10 @@ class GGUFMagics(Magics):
 
     def _run(self, model: _Model, messages: list[dict[str, Any]], temperature: float | None,
              max_tokens: int | None, reasoning: bool | None, response_format: dict[str, Any] | None = None,
-             live: bool = True, markdown: bool = True) -> GGUFReply:
+             live: bool = True, markdown: bool = True, max_time: float | None = None) -> GGUFReply:
         request = chat.ChatRequest(messages=messages, params={"temperature": temperature, "max_tokens": max_tokens},
-                                   reasoning=reasoning, response_format=response_format)
+                                   reasoning=reasoning, response_format=response_format,
+                                   max_time="auto" if max_time is None else max_time)  # --max-time 0: no bound
         reply = GGUFReply(model=model.name, markdown=markdown)
         out = _LiveOutput(self._shell, reply) if live else None
         text: list[str] = []

@@ -1,6 +1,15 @@
-"""LlamaIndex adapters: :class:`GGUF` (a function-calling LLM) and :class:`GGUFEmbedding`."""
+"""LlamaIndex adapters: :class:`GGUF` (a function-calling LLM), :class:`GGUFEmbedding` and
+:class:`GGUFRerankPostprocessor` (a node postprocessor)."""
+
+# Without the extra: an ImportError naming the pip install, not a bare ModuleNotFoundError.
+try:
+    import llama_index.core  # noqa: F401
+except ModuleNotFoundError as exc:
+    raise ImportError(f"gguf_provider.llama_index needs llama-index-core ({exc}): "
+                      "pip install 'gguf-provider[llama-index]'") from exc
 
 from .embeddings import GGUFEmbedding
 from .llms import GGUF
+from .postprocessor import GGUFRerankPostprocessor
 
-__all__ = ["GGUF", "GGUFEmbedding"]
+__all__ = ["GGUF", "GGUFEmbedding", "GGUFRerankPostprocessor"]

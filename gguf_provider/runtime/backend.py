@@ -9,6 +9,7 @@ says :func:`describe`'s line, the first model start in a process says :func:`ann
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import warnings
@@ -76,6 +77,7 @@ def _say(line: str) -> None:
     print(f"gguf-provider: {line}", file=sys.stderr, flush=True)
 
 
+log = logging.getLogger(__name__)
 _ANNOUNCED: set[str] = set()
 _LOCK = threading.Lock()
 
@@ -93,6 +95,7 @@ def announce_once(binary: Path, *, say: Callable[[str], None] | None = None) -> 
             return
         _ANNOUNCED.add(key)
     verdict = in_use(binary)
+    log.info("%s (%s)", verdict.line, binary)
     (say or _say)(verdict.line)
     if verdict.warning:
         warnings.warn(verdict.warning, BackendWarning, stacklevel=2)

@@ -11,6 +11,7 @@ smaller automatic context (down to :data:`BUDGET_MIN_CONTEXT`, with a warning) o
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import warnings
@@ -29,6 +30,7 @@ from .gguf import GGUFHeader
 LIMIT_ENV = "GGUF_PROVIDER_MEMORY_LIMIT"
 MAX_MODELS_ENV = "GGUF_PROVIDER_MAX_MODELS"
 BUDGET_MIN_CONTEXT = 2048
+log = logging.getLogger(__name__)
 """The smallest automatic context the budget shrinks a model to (its native context if smaller); below it the
 start is refused: a chat model squeezed to a few hundred tokens surprises more than a clear error."""
 ADMISSION_TIMEOUT = 120.0
@@ -147,10 +149,12 @@ def admit(header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_l
     running = holders(registry.read()) if reg is None else holders(reg.read(), reg=reg)
     evicted: list[Holder] = []
 
-    def evict_one() -> bool:
+    def evict_one(why: str) -> bool:
         """Stop the least recently used idle server; False when none is idle."""
         for h in running:
             if h.idle and h not in evicted and stop_idle(h.key, reg=reg):
+                log.info("budget: stopped idle server pid %d (%s), the least recently used, to make room for %s "
+                         "(%s)", h.pid, os.path.basename(h.model), header.path.name, why)
                 evicted.append(h)
                 return True
         return False
@@ -161,6 +165,7 @@ def admit(header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_l
     def refuse(what: str) -> InsufficientMemoryError:
         kept = [h for h in running if h not in evicted]
         listing = "; ".join(h.describe() for h in kept) or "none"
+        log.warning("budget: %s cannot start: %s (servers holding memory: %s)", header.path.name, what, listing)
         return InsufficientMemoryError(
             f"{header.path.name} cannot start: {what}. Servers holding memory: {listing}. Free memory by "
             f"stopping one (`gguf-provider stop ID`), by unloading it in the process that holds it (`.unload()`, "
@@ -168,7 +173,7 @@ def admit(header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_l
 
     if count is not None:
         while len(running) - len(evicted) >= count:
-            if not evict_one():
+            if not evict_one(f"${MAX_MODELS_ENV}={count}"):
                 raise refuse(f"${MAX_MODELS_ENV}={count} servers are running and every one is in use")
 
     native = header.context_length or fit.DEFAULT_CONTEXT
@@ -182,7 +187,7 @@ def admit(header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_l
             return fit_to(memory(), target).fits
 
         if not fits_free():
-            while evict_one():
+            while evict_one(f"it needs free memory for n_ctx {target}"):
                 _wait_freed(evicted[-1])
                 if fits_free():
                     break
@@ -191,12 +196,14 @@ def admit(header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_l
             result = fit_to(mem, requested)
         except InsufficientMemoryError as exc:
             raise refuse(str(exc)) from None
+        log.info("budget: %s admitted at n_ctx %d by free memory (%s charged; %d idle server(s) stopped)",
+                 header.path.name, result.n_ctx, _mib(need(result.n_ctx)), len(evicted))
         return Admission(result.n_ctx, need(result.n_ctx), tuple(evicted))
 
     def used() -> int:
         return sum(h.held for h in running if h not in evicted)
 
-    while need(target) > limit - used() and evict_one():
+    while need(target) > limit - used() and evict_one(f"${LIMIT_ENV} leaves {_mib(limit - used())}"):
         _wait_freed(evicted[-1])
     room = limit - used()
     n_ctx = target
@@ -209,10 +216,11 @@ def admit(header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_l
             raise refuse(f"even its floor context of {floor} tokens needs {_mib(need(floor))} but "
                          f"{_mib(max(room, 0))} of the {_mib(limit)} budget (${LIMIT_ENV}) is left")
         n_ctx = fitted
-        warnings.warn(
-            f"{header.path.name}: automatic context shrunk from {native} to {n_ctx} tokens to fit the memory "
-            f"budget ({_mib(room)} left of {_mib(limit)}, ${LIMIT_ENV}); pass n_ctx, raise the limit or stop "
-            f"other servers for more", MemoryBudgetWarning, stacklevel=4)
+        said = (f"{header.path.name}: automatic context shrunk from {native} to {n_ctx} tokens to fit the memory "
+                f"budget ({_mib(room)} left of {_mib(limit)}, ${LIMIT_ENV}); pass n_ctx, raise the limit or stop "
+                f"other servers for more")
+        log.warning("budget: %s", said)
+        warnings.warn(said, MemoryBudgetWarning, stacklevel=4)
     # The real free memory still bounds it (the fit's margins apply).
     if not requested:
         try:
@@ -220,6 +228,8 @@ def admit(header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_l
         except InsufficientMemoryError as exc:
             raise refuse(str(exc)) from None
         n_ctx = min(n_ctx, real.n_ctx)
+    log.info("budget: %s admitted at n_ctx %d (%s charged, %s of the %s limit used by others; %d idle server(s) "
+             "stopped)", header.path.name, n_ctx, _mib(need(n_ctx)), _mib(used()), _mib(limit), len(evicted))
     return Admission(n_ctx, need(n_ctx), tuple(evicted))
 
 
@@ -231,6 +241,8 @@ def stop_idle(key: str, *, reg: registry.Registry | None = None) -> bool:
         if entry is None or reg.live_leases(entry):
             return False
         del data[key]
+    log.info("evicting idle server pid %d (%s); its log: %s", entry.pid, os.path.basename(entry.model),
+             entry.log or "none")
     reg.stop_entry(entry)
     return True
 

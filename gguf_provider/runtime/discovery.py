@@ -24,7 +24,7 @@ OPTIONAL_FLAGS = (
     "--chat-template-kwargs", "--kv-unified", "--embedding", "--pooling", "--rpc", "--mmproj", "--slots",
     "--no-mmap", "--flash-attn", "--cache-reuse", "--props", "--spec-default", "--spec-type", "--spec-draft-model",
     "--model-draft", "--cache-type-k", "--cache-type-v", "--spec-draft-type-k", "--spec-draft-type-v",
-    "--cache-type-k-draft", "--cache-type-v-draft",
+    "--cache-type-k-draft", "--cache-type-v-draft", "--rerank", "--slot-save-path",
 )
 # Flags whose allowed values we read from --help: `--spec-type a,b,c`, `allowed values: a, b` below the flag,
 # `[a|b|c]` or `{a,b,c}` after it.
@@ -123,6 +123,8 @@ def probe(binary: Path) -> ServerCapabilities:
     cached = cache / f"{key}.json"
     try:
         data = json.loads(cached.read_text())
+        if not set(OPTIONAL_FLAGS) <= set(data["flags"]):
+            raise KeyError("a flag probed since")  # written before a flag joined OPTIONAL_FLAGS: probe again
         return ServerCapabilities(path=str(binary), version=data["version"], flags=data["flags"],
                                   choices=data["choices"])
     except (OSError, ValueError, KeyError):  # also a cache written before `choices` existed: probe again

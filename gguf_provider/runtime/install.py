@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import platform
 import re
@@ -55,6 +56,7 @@ SDIST_TREE = "vendor/llama.cpp"  # the llama.cpp tree inside the sdist (SDIST_NA
 RPC_TARGET = "ggml-rpc-server"  # llama.cpp's RPC worker (GGML_RPC=ON); older trees and archives call it rpc-server
 TOOL_TARGETS = (RPC_TARGET, "llama-gguf-split", "llama-quantize")
 METHODS = ("auto", "prebuilt", "source")
+log = logging.getLogger(__name__)
 
 
 def say(message: str) -> None:
@@ -80,8 +82,10 @@ def ensure_installed(explicit: str | os.PathLike[str] | None = None, *, auto_ins
     """
     found = discovery.locate(explicit)
     if found is not None:
+        log.debug("llama-server: %s (found by %s)", found[0], found[1])
         return found[0]
     mode = discovery.auto_install_mode() if auto_install is None else ("auto" if auto_install else "off")
+    log.info("no llama-server found; $GGUF_PROVIDER_AUTO_INSTALL mode %s", mode)
     if mode == "off":
         raise BinaryNotFoundError(discovery.NOT_FOUND)
     say(f"no llama-server found: installing one now (from {mode}; set GGUF_PROVIDER_AUTO_INSTALL=0 to "
@@ -127,6 +131,8 @@ def install(
     backend = choice.backend if choice is not None else resolve_backend(backend)
     tag = tag or prebuilt.release_tag()
     build = build_source or build_from_source
+    log.info("install: backend %s (%s), method %s, llama.cpp release %s, force %s", backend,
+             choice.reason if choice is not None else "asked for", method, tag, force)
     with install_lock():
         try:
             return _install(backend, method, force, cmake_args, progress, jobs, tag, notify, build)
@@ -139,6 +145,7 @@ def install(
             why = (f"the {name} archive of llama.cpp {tag} could not be used ({exc.reason}: {exc}) and this "
                    f"machine cannot build one from source: the CPU build instead")
             (notify or say)(why)
+            log.warning("install: %s", why)
             warnings.warn(f"{why}; fix the cause, then `gguf-provider server install --backend "
                           f"{backend} --force`", BackendWarning, stacklevel=2)
             return _install("cpu", method, force, cmake_args, progress, jobs, tag, notify, build)
@@ -148,6 +155,7 @@ def _install(backend: str, method: str, force: bool, cmake_args: list[str] | Non
              jobs: int | None, tag: str, notify: Callable[[str], None] | None, build: SourceBuild) -> Installation:
     """:func:`install`'s steps for one backend, under its lock."""
     if method == "source" or cmake_args:
+        log.info("install: the %s build from source %s (--from source or cmake arguments)", backend, SOURCE_PIN)
         return build(backend, force=force, cmake_args=cmake_args, progress=progress, jobs=jobs)
     if not force:
         done = installed(backend) if method == "auto" else installed(backend, "prebuilt", tag)
@@ -158,10 +166,13 @@ def _install(backend: str, method: str, force: bool, cmake_args: list[str] | Non
             (notify or say)(f"{why} (an incremental build in the existing build dir)")
             return build(backend, force=False, cmake_args=None, progress=progress, jobs=jobs)
         if done is not None:
+            log.info("install: %s already installed at %s (%s)", backend, done.server, done.describe())
             return done
     try:
+        log.info("install: llama.cpp %s's %s release archive", tag, backend)
         return install_prebuilt(backend, tag, progress=progress)
     except PrebuiltInstallError as exc:
+        log.warning("install: the llama.cpp %s archive was not used (%s): %s", tag, exc.reason, exc)
         if method == "prebuilt" or methods_here(backend) == "prebuilt":
             raise
         (notify or say)(f"prebuilt llama.cpp {tag} not used ({exc.reason}): {exc}; building {SOURCE_PIN} "
@@ -349,7 +360,7 @@ def _run_logged(cmd: list[str], log: TextIO, log_path: Path, step: str, progress
         raise BuildError(
             f"llama.cpp {step} failed (exit code {rc}). The full output is in the log file {log_path}; "
             f"its last lines: {last}. Fix the cause (missing compiler or toolkit, bad cmake argument) and run "
-            f"`gguf-provider server install --force`.",
+            f"`gguf-provider server install --from source --force`.",
             log_path,
         )
 
@@ -380,7 +391,8 @@ def smoke_start(server: Path, log_path: Path, model: Path | None = None) -> floa
         return prebuilt.smoke_start(server, model, log_path)
     except PrebuiltInstallError as exc:
         raise BuildError(f"the build finished but {exc} (log: {log_path}). Report it with the log; `gguf-provider "
-                         f"server install --force --cmake-arg=-DGGML_NATIVE=OFF` builds generic kernels", log_path
+                         f"server install --from source --force --cmake-arg=-DGGML_NATIVE=OFF` builds generic "
+                         f"kernels", log_path
                          ) from None
 
 

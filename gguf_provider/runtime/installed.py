@@ -23,6 +23,7 @@ SOURCE_PIN = f"{SDIST_NAME}-{SDIST_VERSION}"
 SERVER_TARGET = "llama-server"
 BACKENDS = ("auto", "cpu", "cuda", "vulkan", "metal")
 MARKER = "installed.json"
+NAMED = "backend-named"  # in the bin dir: the backend `server install --backend` named last
 
 
 @dataclass(frozen=True)
@@ -99,11 +100,34 @@ def installed(backend: str = "auto", origin: str | None = None, tag: str | None 
     return None
 
 
+def named_backend() -> str | None:
+    """The backend the last ``gguf-provider server install --backend NAME`` named, or None (the machine's)."""
+    try:
+        name = (paths.bin_dir() / NAMED).read_text().strip()
+    except OSError:
+        return None
+    return name if name in BACKENDS[1:] else None
+
+
+def name_backend(backend: str | None) -> None:
+    """Record ``backend`` as the one to use while installed (what `server install --backend` does); None or
+    ``auto`` forgets it (`server install` without ``--backend``)."""
+    target = paths.bin_dir() / NAMED
+    if backend in (None, "auto"):
+        target.unlink(missing_ok=True)
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(f"{backend}\n")
+
+
 def any_installed() -> Installation | None:
-    """Our install for the backend that fits this machine (``auto``), else another that can use its GPU, else
-    cpu, else any other (:func:`.host.preference`): a CPU build never wins over a usable GPU build."""
+    """Our install for the backend `server install --backend` named last, else the backend that fits this machine
+    (``auto``), else another that can use its GPU, else cpu, else any other (:func:`.host.preference`): a CPU build
+    never wins over a usable GPU build unless it was named."""
     found = installations()
-    for backend in host.preference(host.current_host()):
+    named = named_backend()
+    order = host.preference(host.current_host())
+    for backend in ([named] if named else []) + [b for b in order if b != named]:
         inst = next((i for i in found if i.backend == backend), None)
         if inst is not None:
             return inst

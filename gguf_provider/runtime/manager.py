@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import json
+import logging
 import os
 import secrets
 import subprocess
@@ -28,6 +29,7 @@ import httpx
 
 from ..errors import (
     DeviceOutOfMemoryError,
+    GGUFProviderError,
     InsufficientMemoryError,
     MemoryBudgetWarning,
     ServerConnectionError,
@@ -37,7 +39,7 @@ from ..errors import (
 from . import backend as backend_mod
 from . import budget as budget_mod
 from . import devices as devices_mod
-from . import diagnose, discovery, gguf, install, paths, process, registry, server_options
+from . import diagnose, discovery, gguf, install, paths, process, prompt_cache, registry, server_options
 from . import fit as fit_mod
 from . import plan as plan_mod
 from . import rpc as rpc_mod
@@ -62,6 +64,8 @@ DEFAULT_KEEP_ALIVE = 300.0
 """Seconds a shared server outlives its last client; ``$GGUF_PROVIDER_KEEP_ALIVE`` overrides it."""
 DEFAULT_START_TIMEOUT = 600.0
 
+logger = logging.getLogger(__name__)  # (`log` is the server's log file in _spawn)
+
 
 @dataclass
 class ServerInfo:
@@ -77,6 +81,7 @@ class ServerInfo:
     n_ctx: int
     props: dict[str, Any] = field(default_factory=dict)
     asked_ctx: int | None = None  # set when a server with a larger context was shared for a smaller ``n_ctx``
+    prompt_cache: str = ""  # its prompt cache's directory (runtime/prompt_cache.py); "": none
 
     def alive(self) -> bool:
         return process.process_matches(self.pid, self.create_time, self.alias)
@@ -324,6 +329,8 @@ class ServerManager:
         info.n_ctx = props_n_ctx(props) or info.n_ctx
         if not self._add_lease(key, entry):
             return None  # stopped meanwhile (evicted to make room): start afresh
+        logger.info("attached to the running server pid %d for %s (n_ctx %d, %s); its log: %s", info.pid,
+                    Path(info.model).name, info.n_ctx, info.address.describe(), info.log_path)
         return info
 
     def _still_registered(self, key: str, entry: registry.Entry) -> bool:
@@ -410,31 +417,49 @@ class ServerManager:
             address = Address(url=f"http://127.0.0.1:{port}", api_key=api_key)
         else:
             address = Address(socket=str(run / f"{tag}.sock"))
+        slot_dir, why_no_cache = _prompt_dir(spec, binary, caps)
         argv = build_argv(spec, binary, caps, alias, n_ctx, address, api_key_file, header_pooling=header_pooling,
-                          placement=tuple(placed.args()) if placed is not None and _places(spec) else ())
+                          placement=tuple(placed.args()) if placed is not None and _places(spec) else (),
+                          slot_save_path=slot_dir)
         with open(log_path, "ab") as log:
             log.write(f"# gguf-provider: {' '.join(argv)}\n".encode())
-        proc = self._launcher.spawn(argv, log_path, private=not shared)
+            if why_no_cache:
+                log.write(f"# gguf-provider: prompt cache off: {why_no_cache}\n".encode())
+        if why_no_cache:
+            logger.info("prompt cache off for %s: %s", spec.model.name, why_no_cache)
+        logger.info("starting llama-server for %s (n_ctx %d, %s, %s); its log: %s", spec.model.name, n_ctx,
+                    "shared" if shared else "private", address.describe(), log_path)
+        logger.debug("llama-server command line: %s", " ".join(argv))  # a key file's path, never a key
+        started = time.monotonic()
         me, my_ctime = self._my_lease()
-        now = self._clock.time()
-        entry = registry.Entry(
-            pid=proc.pid, create_time=reg.processes.create_time(proc.pid), alias=alias, model=str(spec.model),
-            socket=address.socket, url=address.url, api_key_file=str(api_key_file) if api_key_file else None,
-            log=str(log_path), n_ctx=n_ctx, shared=shared, keep_alive=keep_alive if shared else 0,
-            leases={me: my_ctime}, idle_since=None, started_at=now, last_used=now, binary=str(binary), family=family,
-            charge=admitted.charge, rpc_servers=tuple(spec.rpc_servers), options=server_options.summary(spec),
-            placement=tuple(placed.summary()) if placed is not None else ())
+        # Spawned under the registry lock and registered at once: a client killed in between would leave a shared
+        # server that no entry names (no sweep or `stop` could prove it ours); this keeps that gap to milliseconds.
         with reg.locked() as data:
+            proc = self._launcher.spawn(argv, log_path, private=not shared)
+            now = self._clock.time()
+            entry = registry.Entry(
+                pid=proc.pid, create_time=reg.processes.create_time(proc.pid), alias=alias, model=str(spec.model),
+                socket=address.socket, url=address.url, api_key_file=str(api_key_file) if api_key_file else None,
+                log=str(log_path), n_ctx=n_ctx, shared=shared, keep_alive=keep_alive if shared else 0,
+                leases={me: my_ctime}, idle_since=None, started_at=now, last_used=now, binary=str(binary),
+                family=family, charge=admitted.charge, rpc_servers=tuple(spec.rpc_servers),
+                options=server_options.summary(spec), placement=tuple(placed.summary()) if placed is not None else (),
+                prompt_cache=str(slot_dir) if slot_dir else "")
             data[key] = entry
         admission_lock.release()  # registered with its charge: the next admission counts it
+        if shared and keep_alive >= 0:
+            # Before the load, not after: a client killed while the model loads must not orphan the server.
+            self._launcher.watchdog(key, entry, reg.home)
         try:
             self._health.wait_healthy(proc, address, log_path, timeout=start_timeout, progress=progress)
             props = self._health.props(address)
         except BaseException as exc:
+            logger.warning("llama-server pid %d for %s did not start (%s); its log: %s", proc.pid,
+                           spec.model.name, type(exc).__name__, log_path)
             with reg.locked() as data:
                 if key in data and data[key].same_server(entry):
                     del data[key]
-            reg.stop_entry(entry)
+            reg.stop_entry(entry, save_prompts=False)
             if isinstance(exc, ServerStartError):
                 typed = diagnose.start_failure(exc, model=spec.model, binary=binary, workers=spec.rpc_servers)
                 if typed is not exc:
@@ -445,6 +470,8 @@ class ServerManager:
                     process.log_tail(log_path), log_path) from exc
             raise
         n_eff = props_n_ctx(props) or n_ctx
+        logger.info("llama-server pid %d for %s is ready after %.1f s (n_ctx %d, %s); its log: %s", proc.pid,
+                    spec.model.name, time.monotonic() - started, n_eff, address.describe(), log_path)
         if spec.speculative != speculative_mod.OFF and not speculative_mod.unsupported(spec.speculative, caps) \
                 and self._health.speculating(address) is False:
             speculative_mod.warn_once(
@@ -454,8 +481,6 @@ class ServerManager:
         with reg.locked() as data:
             if key in data and data[key].same_server(entry):
                 data[key] = replace(data[key], n_ctx=n_eff, rss=self._budget.rss(proc.pid))
-        if shared and keep_alive >= 0:
-            self._launcher.watchdog(key, entry, reg.home)
         info = _info(key, entry)
         info.props, info.n_ctx = props, n_eff
         return info
@@ -482,6 +507,8 @@ class ServerManager:
                 data[key] = entry
                 return
             del data[key]
+        logger.info("the last lease of server pid %d (%s) ended and its keep_alive is 0: stopping it",
+                    entry.pid, Path(entry.model).name)
         self._registry.stop_entry(entry)
 
 
@@ -536,11 +563,29 @@ def _after_out_of_memory(exc: DeviceOutOfMemoryError, header: GGUFHeader, spec: 
     names = {d.name for d in failing}
     smaller = [replace(d, free=min(d.free, plan_mod.device_reserve(d) + held.get(d.name, 0) // 2))
                if d.name in names else d for d in devices]
-    warnings.warn(f"{spec.model.name}: llama-server ran out of {', '.join(sorted(names))} memory with "
-                  f"{placed.n_gpu_layers} layers on the GPU at n_ctx {placed.n_ctx}; retrying once with a smaller "
-                  f"plan (fewer layers on the GPU, then a smaller automatic context)", MemoryBudgetWarning,
-                  stacklevel=4)
+    said = (f"{spec.model.name}: llama-server ran out of {', '.join(sorted(names))} memory with "
+            f"{placed.n_gpu_layers} layers on the GPU at n_ctx {placed.n_ctx}; retrying once with a smaller "
+            f"plan (fewer layers on the GPU, then a smaller automatic context)")
+    logger.warning("%s; its log: %s", said, exc.log_path)
+    warnings.warn(said, MemoryBudgetWarning, stacklevel=4)
     return smaller
+
+
+def _prompt_dir(spec: ServerSpec, binary: Path, caps: discovery.ServerCapabilities) -> tuple[Path | None, str]:
+    """The prompt cache's directory for a server of ``spec`` (None: no cache), and why not when it was asked for
+    but cannot work (said in the server's log). One directory per identity, the private servers' included: the
+    next server of the same model and options finds what this one saved."""
+    if not spec.prompt_cache or spec.embedding or spec.rerank or prompt_cache.limit() <= 0:
+        return None, ""
+    why = prompt_cache.why_off(supported=caps.supports("--slot-save-path"), mmproj=spec.mmproj is not None,
+                               draft=spec.draft_model is not None)
+    if why:
+        return None, why
+    ident = hashlib.sha256(json.dumps(spec.identity(binary), sort_keys=True).encode()).hexdigest()[:24]
+    try:
+        return prompt_cache.server_dir(ident), ""
+    except (OSError, GGUFProviderError) as exc:
+        return None, f"its directory could not be made ({exc})"
 
 
 def default_keep_alive() -> float:
@@ -556,7 +601,8 @@ def _info(key: str, entry: registry.Entry) -> ServerInfo:
             pass  # gone: the server refuses us (401), which _attach reports as not answering
     address = Address(socket=entry.socket, url=entry.url, api_key=api_key)
     return ServerInfo(key=key, pid=entry.pid, create_time=entry.create_time, alias=entry.alias, address=address,
-                      log_path=Path(entry.log or os.devnull), model=entry.model, n_ctx=entry.n_ctx)
+                      log_path=Path(entry.log or os.devnull), model=entry.model, n_ctx=entry.n_ctx,
+                      prompt_cache=entry.prompt_cache)
 
 
 def _spawn_watchdog(key: str, entry: registry.Entry, home: Path) -> None:

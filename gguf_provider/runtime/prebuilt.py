@@ -459,18 +459,18 @@ def smoke_start(server: Path, model: Path, log_path: Path, timeout: float = SMOK
     port = process.free_port()
     argv = [str(server), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", "256"]
     t0 = time.monotonic()
-    with open(log_path, "wb") as log:
-        try:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=process.clean_env())
-        except OSError as exc:
-            raise PrebuiltInstallError(f"{server.name} could not start ({exc})", "smoke") from None
-        try:
-            outcome = process.poll_health(process.Address(url=f"http://127.0.0.1:{port}"), timeout=timeout,
-                                          exited=lambda: proc.poll() is not None)
-            took = time.monotonic() - t0
-        finally:
-            process.stop_child(proc)
+    log_path.write_bytes(b"")
+    try:
+        # As a private server: it dies with the installer, even one that is SIGKILLed mid-run (PR_SET_PDEATHSIG).
+        proc = process.spawn(argv, log_path, private=True)
+    except OSError as exc:
+        raise PrebuiltInstallError(f"{server.name} could not start ({exc})", "smoke") from None
+    try:
+        outcome = process.poll_health(process.Address(url=f"http://127.0.0.1:{port}"), timeout=timeout,
+                                      exited=lambda: proc.poll() is not None)
+        took = time.monotonic() - t0
+    finally:
+        process.stop_child(proc)
     if outcome == "exited":
         text = log_path.read_text(errors="replace")
         raise PrebuiltInstallError(f"{server.name} died loading {model.name}: {_death(proc.returncode, text)}",

@@ -16,6 +16,7 @@ tests give it fake processes and a temporary directory.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -27,11 +28,13 @@ from typing import Any, Protocol, TypeGuard
 
 import filelock
 
-from . import paths, process
+from . import paths, process, prompt_cache
 
 SCHEMA_VERSION = 2
 """2: typed entries with ``schema_version``; 1 (no version field): the untyped dicts before it."""
 DEFAULT_KEEP_ALIVE = 300.0  # an entry without one (the manager's default, which is what wrote it)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,7 @@ class Entry:
     options: Mapping[str, Any] = field(default_factory=dict, hash=False)
     # The memory plan, per device: {"device": "CUDA0", "layers": "layers 12-23 + output", "n_layers", "bytes"}.
     placement: tuple[Mapping[str, Any], ...] = field(default=(), hash=False)
+    prompt_cache: str = ""  # its --slot-save-path: its long prompts are saved there when it stops; "": none
     extra: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)  # a newer version's fields
     schema_version: int = SCHEMA_VERSION
 
@@ -106,6 +110,7 @@ class Entry:
             options=dict(data["options"]) if isinstance(data.get("options"), dict) else {},
             placement=tuple(dict(p) for p in data.get("placement") or () if isinstance(p, dict))
             if isinstance(data.get("placement"), list) else (),
+            prompt_cache=_str(data.get("prompt_cache")),
             extra={k: v for k, v in data.items() if k not in known},
             # An older entry is upgraded as it is read; a newer one keeps its number (and its extra fields).
             schema_version=max(int(version), SCHEMA_VERSION) if _is_int(version) else SCHEMA_VERSION,
@@ -232,13 +237,18 @@ class Registry:
         idle_since = entry.idle_since or now
         return entry, now - idle_since >= entry.keep_alive
 
-    def stop_entry(self, entry: Entry) -> None:
-        """Stop the entry's server if it is provably ours, then remove its socket and key file.
+    def stop_entry(self, entry: Entry, *, save_prompts: bool = True) -> None:
+        """Stop the entry's server if it is provably ours (first saving its long prompts when it has a prompt cache
+        and ``save_prompts``: runtime/prompt_cache.py, bounded in time), then remove its socket and key file.
 
         A socket that something still listens on is left alone: the entry may be stale or forged, and the socket
         then belongs to a process we cannot prove we started.
         """
         if self.server_alive(entry):
+            if save_prompts and entry.prompt_cache:
+                prompt_cache.save_slots(_address(entry), Path(entry.prompt_cache), model=entry.model)
+            log.info("stopping server pid %d (%s); its log: %s", entry.pid, os.path.basename(entry.model),
+                     entry.log or "none")
             self.processes.stop(entry.pid, entry.create_time, entry.alias)
         if entry.socket and not _listening(entry.socket):
             _unlink(entry.socket)
@@ -258,6 +268,8 @@ class Registry:
                     continue
                 entry, remove = self.sweep_entry(data[key], now)
                 if remove:
+                    log.debug("sweep: server pid %d (%s) %s", entry.pid, os.path.basename(entry.model),
+                              "is gone" if not self.server_alive(entry) else "outlived its keep_alive")
                     removed.append(entry)
                     del data[key]
                 else:
@@ -299,6 +311,16 @@ def _save(path: Path, data: dict[str, Entry]) -> None:
     with os.fdopen(fd, "w") as f:
         f.write(_dump(data))
     os.replace(tmp, path)
+
+
+def _address(entry: Entry) -> process.Address:
+    key = None
+    if entry.api_key_file:
+        try:
+            key = Path(entry.api_key_file).read_text().strip()
+        except OSError:
+            pass
+    return process.Address(socket=entry.socket, url=entry.url, api_key=key)
 
 
 def _listening(path: str) -> bool:

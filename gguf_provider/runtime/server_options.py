@@ -24,9 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..errors import NotARerankerError
 from . import fit as fit_mod
 from . import rpc as rpc_mod
 from . import speculative as speculative_mod
+from .gguf import read_tensors
 
 if TYPE_CHECKING:
     from .discovery import ServerCapabilities
@@ -55,6 +57,7 @@ class Build:
     n_ctx: int  # the admitted context (the fit's, or the asked one)
     header_pooling: int | None = None  # the model header's pooling type
     placement: tuple[str, ...] = ()  # the memory plan's -ngl / --tensor-split / --n-cpu-moe (runtime/plan.py)
+    slot_save_path: Path | None = None  # the prompt cache's directory for this server (runtime/prompt_cache.py)
 
 
 Identity = Literal["args", "file", "binary"] | None
@@ -193,18 +196,55 @@ def _n_parallel(spec: ServerSpec, build: Build) -> list[str]:
 
 
 def _embedding(spec: ServerSpec, build: Build) -> list[str]:
-    if not spec.embedding:
+    if not spec.embedding or spec.rerank:  # a reranker's `--rerank` is `--embedding --pooling rank` (_rerank)
         return []
     argv = ["--embedding"]
     pooling = embedding_pooling(spec.pooling, build.header_pooling)
     if pooling:
         argv += ["--pooling", pooling]
-    if user_ubatch(spec.server_args) is None:
-        # A pooled embedding must fit one physical batch: with the default (512) longer inputs fail with "input is
-        # too large to process".
-        n = str(min(build.n_ctx, EMBED_UBATCH_MAX))
-        argv += ["--batch-size", n, "--ubatch-size", n]
-    return argv
+    return argv + _one_batch(spec, build)
+
+
+def _one_batch(spec: ServerSpec, build: Build) -> list[str]:
+    """A pooled input (an embedded text, a reranked query+document pair) must fit one physical batch: with the
+    default (512) longer inputs fail with "input is too large to process"."""
+    if user_ubatch(spec.server_args) is not None:
+        return []
+    n = str(min(build.n_ctx, EMBED_UBATCH_MAX))
+    return ["--batch-size", n, "--ubatch-size", n]
+
+
+def _rerank(spec: ServerSpec, build: Build) -> list[str]:
+    return ["--rerank", *_one_batch(spec, build)] if spec.rerank else []
+
+
+# The tensors of a classifier head (llama.cpp's LLM_TENSOR_CLS / LLM_TENSOR_CLS_OUT): a cross-encoder's score.
+CLASSIFIER_TENSORS = ("cls.output.weight", "cls.weight")
+
+
+def is_reranker(header: GGUFHeader, files: Sequence[Path]) -> bool:
+    """Whether a model scores query/document pairs: its header's pooling type is `rank` (Qwen3-Reranker), or it
+    has a classifier head (BERT/XLM-RoBERTa cross-encoders such as bge-reranker, whose header names no pooling)."""
+    if header.pooling_type == 4:
+        return True
+    return any(t.name in CLASSIFIER_TENSORS for f in files for t in read_tensors(f))
+
+
+def _check_rerank(spec: ServerSpec, caps: ServerCapabilities, headers: Sequence[GGUFHeader]) -> None:
+    if not spec.rerank or not headers or is_reranker(headers[0], spec.shards or (spec.model,)):
+        return
+    header = headers[0]
+    pooling = ("names no pooling type" if header.pooling_type is None else
+               f"names pooling type {POOLING_NAMES.get(header.pooling_type, header.pooling_type)}, not rank")
+    raise NotARerankerError(
+        f"{spec.model.name} is not a reranker: its GGUF header {pooling} and it has no classifier head "
+        f"({' or '.join(CLASSIFIER_TENSORS)} tensor), so llama-server's /v1/rerank would score with whatever its "
+        f"first output is. Use a reranker GGUF such as bge-reranker-v2-m3 (docs/reranking.md)", spec.model)
+
+
+def _prompt_cache(spec: ServerSpec, build: Build) -> list[str]:
+    # The start decides (runtime/prompt_cache.why_off, the size limit): a directory in the build means on.
+    return ["--slot-save-path", str(build.slot_save_path)] if spec.prompt_cache and build.slot_save_path else []
 
 
 def _written_by_embedding(spec: ServerSpec, build: Build) -> list[str]:
@@ -316,6 +356,21 @@ OPTIONS: tuple[ServerOption, ...] = (
         flags=("--cache-type-k", "--cache-type-v", "--flash-attn"), argv=_kv_cache_type, place=Place.CACHE,
         needs=("--cache-type-k",), normalize=validate_cache_type, check=_check_kv_cache_type),
     ServerOption(
+        "rerank", bool, False,
+        "A reranking server (`--rerank`: `/v1/rerank`, pooling `rank`) for a reranker model, checked to be one "
+        "before the start: the reranking adapters set it, it is no parameter of theirs (docs/reranking.md).",
+        flags=("--rerank", "--batch-size", "--ubatch-size"), argv=_rerank, needs=("--rerank",), check=_check_rerank,
+        group=None),
+    ServerOption(
+        # No part of the identity (servers with it on and off are shared, the first start's setting holds): the
+        # directory is the identity's own, and a server without it only misses the cache.
+        "prompt_cache", bool, True,
+        "Save the KV of long prompts (at least 256 tokens) when the server stops (keep_alive, eviction, "
+        "`gguf-provider stop`) and restore it when the next server of the same model and options gets a request "
+        "starting with one (`--slot-save-path`); the disk it uses is bounded by `$GGUF_PROVIDER_PROMPT_CACHE_SIZE` "
+        "(docs/runtime.md). Off for servers with a draft model or a projector.",
+        flags=("--slot-save-path",), argv=_prompt_cache, identity=None, needs=("--slot-save-path",), group="chat"),
+    ServerOption(
         "llama_server", str | None, None,
         "The llama-server binary to run; default: discovery (`$GGUF_PROVIDER_LLAMA_SERVER`, PATH, our build).",
         place=Place.HEAD, identity="binary"),
@@ -379,6 +434,8 @@ class ServerSpec:
     draft_model: Path | None = None
     draft_shards: tuple[Path, ...] = ()
     kv_cache_type: str = fit_mod.DEFAULT_CACHE_TYPE
+    rerank: bool = False
+    prompt_cache: bool = True
 
     def identity(self, binary: Path) -> dict[str, Any]:
         return {
@@ -398,7 +455,7 @@ class ServerSpec:
 
     def check(self, caps: ServerCapabilities, headers: Sequence[GGUFHeader]) -> None:
         """Before a start: each option's check against this build and the headers of the model (and of its
-        draft), in command-line order (ValueError)."""
+        draft), in command-line order (ValueError; a model that cannot serve the option: NotARerankerError)."""
         for o in IN_ARGV_ORDER:
             if o.check is not None:
                 o.check(self, caps, headers)

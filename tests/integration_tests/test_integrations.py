@@ -142,7 +142,7 @@ def test_llamaindex_agent_script() -> None:
 def test_llamaindex_query_engine_script() -> None:
     """The default run on three pages of docs/ (all of docs/ takes minutes to embed on 2 cores): index them with
     GGUFEmbedding, stream the answer of GGUF, list the sources."""
-    pages = [a for name in ("index.md", "runtime.md", "security.md") for a in ("--docs", str(ROOT / "docs" / name))]
+    pages = [a for name in ("index.md", "runtime.md", "vision.md") for a in ("--docs", str(ROOT / "docs" / name))]
     out, env = _run("llamaindex_query_engine.py", "--max-tokens", "48", *pages)
     assert re.search(r"indexing \d+ documents with all-MiniLM-L6-v2", out), out
     assert "context window 4096 tokens" in out, out

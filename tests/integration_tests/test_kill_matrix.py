@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -172,3 +173,87 @@ def test_an_install_killed_mid_build_leaves_no_compiler_behind(tmp_path: Path, s
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
+
+
+def _slots(rt: RuntimeEnv, key: str) -> list[dict[str, Any]]:
+    """The server's /slots, asked as a client of ours would (its socket, or its URL and key)."""
+    from gguf_provider.runtime import manager as mgr
+
+    info = mgr._info(key, registry.read()[key])
+    with info.address.client(timeout=5.0) as client:
+        slots: list[dict[str, Any]] = client.get("/slots").json()
+    return slots
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "private"])
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
+def test_a_script_killed_while_its_server_loads_leaves_no_server_behind(rt: RuntimeEnv, sig: signal.Signals,
+                                                                         shared: bool) -> None:
+    """The script is killed while it waits for its server's model to load. The load is held still with SIGSTOP
+    from the moment the server appears (as a large model's load would take minutes), so the kill lands before
+    /health answers on any machine; the server is let go on right after the kill. A private server dies with the
+    script; a shared one is stopped by its watchdog, which runs from the moment the server is registered (it was
+    started only once the server was healthy: a script killed during the load left it running for good)."""
+    child = rt.child(chat=False, shared=shared, keep_alive=0)
+    server: psutil.Process | None = None
+
+    def appeared() -> bool:
+        nonlocal server
+        found = rt.servers()
+        if found:
+            server = found[0]
+            server.suspend()
+        return bool(found)
+
+    try:
+        wait_until(appeared, 60, interval=0.005)
+        assert server is not None
+        wait_until(lambda: any(e["pid"] == server.pid for e in rt.registry().values()), GONE_WITHIN)
+        assert child.proc.poll() is None and child._lines.empty(), "the script was no longer waiting for the load"
+        os.kill(child.proc.pid, sig)
+        server.resume()
+        child.proc.wait(GONE_WITHIN)
+        wait_until(lambda: _gone(server), GONE_WITHIN)
+        wait_until(lambda: not rt.watchdogs(), GONE_WITHIN)
+        if shared or sig == signal.SIGINT:
+            assert rt.registry() == {}
+        else:  # nobody was left to remove a private server's entry: the next start's sweep does
+            assert [e.pid for e in registry.sweep()] == [server.pid] and rt.registry() == {}
+    finally:
+        if server is not None and not _gone(server):
+            server.resume()
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "private"])
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
+def test_a_script_killed_mid_request_stops_its_generation(rt: RuntimeEnv, sig: signal.Signals, shared: bool) -> None:
+    """The script is killed while a reply streams to it (EOS ignored: 4096 tokens to go). Its generation stops: a
+    shared server (held by a second script) frees the slot within 5 s and goes on serving; once the holder exits,
+    the server goes too (keep_alive 0). A private server dies with the script."""
+    holder = rt.child(chat=False, shared=shared, keep_alive=0) if shared else None
+    streamer = rt.child(chat=False, shared=shared, keep_alive=0, stream=True)
+    r = streamer.read_json()
+    assert "error" not in r, r
+    assert "streaming" in streamer.read_json(timeout=120)
+    server = psutil.Process(r["server_pid"])
+    if holder is not None:
+        assert holder.read_json()["server_pid"] == server.pid
+        assert any(s.get("is_processing") for s in _slots(rt, r["key"]))
+    os.kill(streamer.proc.pid, sig)
+    streamer.proc.wait(GONE_WITHIN)
+    if holder is None:
+        wait_until(lambda: _gone(server), GONE_WITHIN)
+        return
+    wait_until(lambda: not any(s.get("is_processing") for s in _slots(rt, r["key"])), GONE_WITHIN)
+    from gguf_provider.runtime import manager as mgr
+
+    info = mgr._info(r["key"], registry.read()[r["key"]])
+    with info.address.client(timeout=60.0) as client:
+        answer = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi."}],
+                                                           "max_tokens": 4})
+    assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"]
+    # the killed script's lease is given back at exit (SIGINT) or pruned by the watchdog's next tick
+    wait_until(lambda: list(rt.registry()[r["key"]]["leases"]) == [str(holder.proc.pid)], GONE_WITHIN)
+    assert holder.finish() == 0
+    wait_until(lambda: _gone(server), GONE_WITHIN)
+    wait_until(lambda: not rt.watchdogs(), GONE_WITHIN)

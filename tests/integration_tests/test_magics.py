@@ -152,6 +152,7 @@ def test_use_history_ps_list_and_errors(ip: Any, smollm2_path: Path) -> None:
     ps = ip.run_line_magic("gguf", "ps")
     assert "SmolLM2" in repr(ps) and "memory budget:" in repr(ps) and "MiB used" in ps._repr_markdown_()
     assert "last used" in repr(ps) and "memory" in repr(ps).splitlines()[0]
+    assert "live" in repr(ps).splitlines()[0]  # the server's /metrics numbers, or "–"
     assert "SmolLM2-135M-Instruct" in repr(ip.run_line_magic("gguf", "list"))
     ip.run_line_magic("gguf", "use smol")
     ip.run_line_magic("gguf", "reset")

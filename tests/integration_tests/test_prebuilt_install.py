@@ -238,6 +238,74 @@ def test_an_install_killed_mid_download_leaves_nothing_that_breaks_the_next(
     assert not list(paths.bin_dir().glob(".staging-*"))
 
 
+def _smoke_servers(installer: int) -> list[psutil.Process]:
+    """The installer's llama-server children run on a model: the smoke run's start check (not its `--version` and
+    `--help` probes, which end by themselves)."""
+    found = []
+    try:
+        children = psutil.Process(installer).children()
+    except psutil.Error:
+        return []
+    for p in children:
+        try:
+            if p.name().startswith("llama-server") and "-m" in p.cmdline() and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL],
+                         ids=lambda s: s.name)
+def test_an_install_killed_during_its_smoke_run_leaves_no_server_behind(
+        mirror: Callable[..., ReleasesServer], home: Path, tmp_path: Path, sig: signal.Signals) -> None:
+    """The kill matrix's smoke-run row: `server install` killed while the new llama-server loads a model to prove
+    it runs (held still with SIGSTOP so that the kill lands then on any machine). The smoke server dies with the
+    installer (it is started as a private server: PR_SET_PDEATHSIG; it used to stay, listening on loopback), nothing
+    is installed, and the next install completes."""
+    srv = mirror()
+    env = env_without_build_tools(tmp_path)
+    env["GGUF_PROVIDER_LLAMA_RELEASES_URL"] = srv.base_url
+    cmd = [*CLI, "server", "install", "--from", "prebuilt"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT,
+                            start_new_session=True)
+    smoke: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not smoke:
+            assert proc.poll() is None and time.monotonic() < deadline, "no smoke run seen"
+            smoke = _smoke_servers(proc.pid)
+            time.sleep(0.002)
+        for p in smoke:
+            p.suspend()
+        os.kill(proc.pid, sig)
+        for p in smoke:
+            try:
+                p.resume()
+            except psutil.NoSuchProcess:  # already killed with the installer
+                pass
+        proc.wait(10)
+        gone = time.monotonic() + 5
+        while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in smoke):
+            assert time.monotonic() < gone, "the smoke run's llama-server outlived the installer"
+            time.sleep(0.05)
+    finally:
+        for p in smoke:
+            try:
+                p.resume()
+                p.kill()
+            except psutil.Error:
+                pass
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    target = install.prebuilt_dir(TAG, "cpu")
+    assert not target.exists(), "a killed install left an install behind"
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert (target / install.MARKER).is_file() and not list(paths.bin_dir().glob(".staging-*"))
+
+
 def test_first_use_installs_the_archive(mirror: Callable[..., ReleasesServer], home: Path, tmp_path: Path,
                                         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """No llama-server anywhere: the first ensure_installed() (a model's first start) installs the archive (auto),

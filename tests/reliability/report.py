@@ -1,5 +1,5 @@
 """Reliability reports: the tests write measured figures to ``<home>/reports/reliability-<name>.json``; running
-this file regenerates the figures section of docs/reliability.md from them.
+this file regenerates the figures section of bench/NOTES.md from them (docs/reliability.md sums them up).
 
     .venv/bin/python tests/reliability/report.py
 """
@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script 
 from gguf_provider.runtime.paths import home
 
 ROOT = Path(__file__).resolve().parents[2]
-DOC = ROOT / "docs" / "reliability.md"
+DOC = ROOT / "bench" / "NOTES.md"
 START, END = "<!-- figures:start (tests/reliability/report.py) -->", "<!-- figures:end -->"
 
 

@@ -22,7 +22,7 @@ SETUP = "run `make setup-test` (llama-server and the test models; `make test` do
 def missing() -> list[str]:
     """What of the integration tests' machine state is absent: a llama-server, and which test models."""
     from gguf_provider.runtime import discovery, paths
-    from scripts import convert_minilm, make_projector
+    from scripts import convert_minilm, make_projector, make_reranker
     from scripts.model_files import is_verified
     from scripts.test_models import MODELS
 
@@ -32,7 +32,7 @@ def missing() -> list[str]:
     for model in MODELS.values():
         if not is_verified(paths.models_dir() / model.filename, model.sha256):
             absent.append(f"test model {model.key} ({model.filename})")
-    for name in (convert_minilm.FILENAME, make_projector.FILENAME):
+    for name in (convert_minilm.FILENAME, make_projector.FILENAME, make_reranker.FILENAME):
         if not (paths.models_dir() / name).is_file():
             absent.append(f"test model {name}")
     return absent

@@ -23,6 +23,7 @@ NEEDS_MACHINE = {
     "gemma_path": "a model file",
     "minilm_path": "a model file",
     "projector_path": "a model file",
+    "reranker_path": "a model file",
     "llama_src": "the llama.cpp source",
     "rt": "a llama-server",
 }

@@ -40,3 +40,23 @@ class Replay:
 
 def load_replay(name: str) -> Replay:
     return Replay(json.loads((REPLAYS / f"{name}.json").read_text()))
+
+
+def with_reply(replay: Replay, text: str, *, finish: str = "stop", piece: int = 3,
+               timings: dict[str, float] | None = None) -> Replay:
+    """``replay`` whose chat answer streams ``text`` instead, ``piece`` characters a chunk (as tokens arrive),
+    ending with ``finish`` (and llama-server's ``timings``): for replies a small model will not write (healing's
+    corpus) or conditions it cannot be put in cheaply, in the recorded shape."""
+    def chunk(delta: dict[str, Any], reason: str | None = None) -> str:
+        return "data: " + json.dumps({"choices": [{"finish_reason": reason, "index": 0, "delta": delta}],
+                                      "object": "chat.completion.chunk", "model": "replayed"}) + "\n\n"
+
+    pieces = [text[i:i + piece] for i in range(0, len(text), piece)]
+    body = chunk({"role": "assistant", "content": None}) + "".join(chunk({"content": p}) for p in pieces)
+    body += chunk({}, finish) + "data: " + json.dumps({
+        "choices": [], "object": "chat.completion.chunk", "model": "replayed",
+        "usage": {"completion_tokens": len(pieces), "prompt_tokens": 10, "total_tokens": 10 + len(pieces)},
+        **({"timings": timings} if timings else {})})
+    body += "\n\ndata: [DONE]\n\n"
+    exchanges = [ex if ex["path"] != "/v1/chat/completions" else {**ex, "body": body} for ex in replay.exchanges]
+    return Replay(exchanges)

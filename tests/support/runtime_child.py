@@ -2,7 +2,9 @@
 
 Usage: ``python tests/support/runtime_child.py '<json config>'``. Config keys: ``model`` (path), ``n_ctx``,
 ``shared`` (default true), ``keep_alive`` (default 0), ``chat`` (default true: one real chat completion),
-``wait_go`` (default false: read one line from stdin before acquiring, so racing children start together).
+``wait_go`` (default false: read one line from stdin before acquiring, so racing children start together),
+``stream`` (default false: after the load, stream a reply of up to 4096 tokens, EOS ignored, and print
+``{"streaming": ...}`` once the first text arrives, so that a test can kill the child mid-request).
 
 Prints ``{"client_pid", "server_pid", "key", "alias", "address", "answer"}`` (or ``{"error", "message"}`` and exits
 1), then waits until stdin gets a line or is closed and exits normally (the lease is released at exit).
@@ -18,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gguf_provider.engine import Engine, EngineConfig
+from gguf_provider.events import TextDelta
 
 
 def main(argv: list[str]) -> int:
@@ -39,6 +42,15 @@ def main(argv: list[str]) -> int:
         return 1
     print(json.dumps({"client_pid": os.getpid(), "server_pid": info.pid, "key": info.key, "alias": info.alias,
                       "address": info.address.describe(), "answer": answer}), flush=True)
+    if cfg.get("stream"):
+        payload = {"messages": [{"role": "user", "content": "Count from one to one thousand in words."}],
+                   "max_tokens": 4096, "ignore_eos": True, "temperature": 0}
+        said = False
+        for event in engine.stream(payload, loop_guard=False):
+            if isinstance(event, TextDelta) and not said:
+                print(json.dumps({"streaming": event.text}), flush=True)
+                said = True
+        print(json.dumps({"streamed": True}), flush=True)
     sys.stdin.readline()
     engine.unload()
     return 0

@@ -441,3 +441,29 @@ def test_server_install_and_the_first_use_install_say_the_line(home: Path, monke
     backend.announce_once(server)
     err = capsys.readouterr().err
     assert err.count("llama-server: Vulkan (AMD Radeon RX 7800 XT, 16 GiB) — AMD GPU found") == 1
+
+
+def test_a_named_backend_is_used_until_server_install_names_none(home: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """`server install --backend vulkan` on a machine whose own choice is the CPU (a GPU it does not detect, such as
+    an AMD card on Windows, or lavapipe): the Vulkan build is used afterwards, not the existing CPU build;
+    `server install` without --backend goes back to the machine's choice."""
+    on(monkeypatch, NO_GPU)
+    cpu = put("cpu", 200.0)
+
+    def fake_prebuilt(backend_name: str, tag: str, **k: object) -> installed.Installation:
+        return installed.Installation(backend_name, put(backend_name, 100.0).parent, "1", "prebuilt", fresh=True)
+
+    monkeypatch.setattr(install, "install_prebuilt", fake_prebuilt)
+    assert cli.main(["server", "install", "--backend", "vulkan"]) == 0
+    vulkan = installed.installed("vulkan").server  # type: ignore[union-attr]
+    assert installed.named_backend() == "vulkan"
+    assert discovery.locate() == (vulkan, "installed by gguf-provider server install")
+    assert cli.main(["server", "install", "--backend", "cpu"]) == 0  # already there: named all the same
+    assert discovery.locate() == (cpu, "installed by gguf-provider server install")
+    assert cli.main(["server", "install", "--backend", "vulkan"]) == 0
+    assert discovery.locate() == (vulkan, "installed by gguf-provider server install")
+    assert cli.main(["server", "install"]) == 0  # none named: the machine's own choice again
+    assert installed.named_backend() is None
+    assert discovery.locate() == (cpu, "installed by gguf-provider server install")
+    capsys.readouterr()

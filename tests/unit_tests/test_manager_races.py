@@ -8,6 +8,7 @@ which server each lease is on, how many were spawned, which processes were stopp
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -141,10 +142,13 @@ class FakeHealth:
         self.before_answer: list[Callable[[], None]] = []  # each runs once, at the next /props, before it answers
         self.after_answer: list[Callable[[], None]] = []  # ... after the answer left the server
         self.after_healthy: list[Callable[[], None]] = []  # ... at the next start, once /health said 200
+        self.while_loading: list[Callable[[], None]] = []  # ... at the next start, before /health says 200
 
     def wait_healthy(self, proc: mgr.Proc, address: Address, log_path: Path, *, timeout: float,
                      progress: Progress | None) -> None:
         server = self.servers[address.describe()]
+        if self.while_loading:
+            self.while_loading.pop(0)()
         if not self.procs.alive(server.pid):
             raise ServerStartError("llama-server exited with code 1 while starting", "load failed", log_path)
         server.healthy = True
@@ -491,6 +495,41 @@ def test_the_watchdog_prunes_a_killed_clients_lease_and_then_stops_the_server(wo
     assert not done and world.entry(lease).leases == {} and world.entry(lease).idle_since == t0 + 1
     done, last = _watch(world, key, last, t0 + 6)
     assert done and world.procs.stopped == [lease.info.pid]
+
+
+class _Killed(BaseException):
+    """Ends a thread that stood for a killed client."""
+
+
+def test_a_client_killed_while_its_shared_server_loads_leaves_it_to_the_watchdog(world: World) -> None:
+    """kill -9 of the client that is starting a shared server, before /health says 200: the watchdog already runs
+    (it is spawned at registration, not once the server is healthy), prunes the dead lease and stops the server."""
+    a = world.client()
+    loading, forever = threading.Event(), threading.Event()
+
+    def killed_here() -> None:  # the client's code does not go on: its thread blocks until the test ends
+        loading.set()
+        forever.wait()
+        raise _Killed  # ends the thread (its manager holds locks that the session's teardown takes)
+
+    def run() -> None:
+        with contextlib.suppress(_Killed):
+            a.acquire(world.spec(), keep_alive=0)
+
+    world.health.while_loading.append(killed_here)
+    t0 = world.clock.now
+    client = threading.Thread(target=run, daemon=True)
+    client.start()
+    try:
+        assert loading.wait(10)
+        world.procs.die(int(client_pid(a)))
+        (key, last), = world.launcher.watchdogs
+        (server_pid,) = world.launcher.spawned
+        done, last = _watch(world, key, last, t0 + 1)
+        assert done and world.procs.stopped == [server_pid] and world.reg.read() == {}
+    finally:
+        forever.set()
+        client.join(10)
 
 
 def test_keep_alive_zero_stops_at_the_last_release_and_negative_never(world: World) -> None:

@@ -500,3 +500,22 @@ def test_https_to_the_checked_address_verifies_the_name(tmp_path: Any, monkeypat
         del HOSTS["other.test"]
         httpd.shutdown()
         httpd.server_close()
+
+
+async def test_none_turns_url_fetching_off(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """``media_allow_hosts="none"`` (or the variable) refuses every URL before any connection, even one another
+    entry would allow; data: URIs still go through."""
+    off = media.FetchPolicy.parse("none,*,file:")
+    never = httpx.MockTransport(lambda request: pytest.fail("no request when fetching is off"))
+    for url in (URL, (tmp_path / "a.png").as_uri()):
+        with pytest.raises(MediaURLRefusedError, match="URL fetching is off") as info:
+            media.prepare({"messages": _user(_image(url))}, {"vision": True}, model="m", policy=off)
+        assert info.value.reason == "off"
+    with pytest.raises(MediaURLRefusedError, match="URL fetching is off"):
+        media.fetch(URL, transport=never, policy=off)
+    with pytest.raises(MediaURLRefusedError, match="URL fetching is off"):
+        await media.afetch(URL, policy=off)
+    monkeypatch.setenv("GGUF_PROVIDER_MEDIA_ALLOW_HOSTS", "None")
+    with pytest.raises(MediaURLRefusedError, match="URL fetching is off"):
+        media.prepare({"messages": _user(_image(URL))}, {"vision": True}, model="m")
+    assert media.prepare({"messages": _user(_image(DATA_URI))}, {"vision": True}, model="m", policy=off)

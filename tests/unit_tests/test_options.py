@@ -27,11 +27,11 @@ ALL = CHAT + EMBEDDINGS
 EXTRA = {ChatGGUF: "model_kwargs", GGUFEmbeddings: "model_kwargs", GGUF: "additional_kwargs",
          GGUFEmbedding: "additional_kwargs"}
 
-# EngineConfig fields no user sets: the adapter kind decides `embedding`; `progress` is for the front ends
-# (magics, CLI) that draw it.
-INTERNAL = {"embedding", "progress"}
+# EngineConfig fields no user sets: the adapter kind decides `embedding` and `rerank`; `progress` is for the front
+# ends (magics, CLI) that draw it.
+INTERNAL = {"embedding", "rerank", "progress"}
 CHAT_ONLY = {"chat_template", "chat_template_file", "reasoning_format", "vision", "mmproj", "speculative",
-             "media_allow_hosts"}
+             "media_allow_hosts", "prompt_cache"}
 EMBEDDING_ONLY = {"pooling"}
 
 

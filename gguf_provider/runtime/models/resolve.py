@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 from collections.abc import Callable
 from dataclasses import replace
 from typing import ParamSpec, TypeVar
@@ -16,6 +17,7 @@ from .hub import is_offline, resolve_hf
 from .local import resolve_local, resolve_mmproj
 from .spec import ModelRef, Resolution, ResolvedModel, parse
 
+log = logging.getLogger(__name__)
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -31,6 +33,10 @@ def resolve(ref: ModelRef) -> Resolution:
     model = resolve_hf(spec, ref) if spec.kind == "hf" else resolve_local(spec, vision=ref.finds_mmproj)
     if mmproj is not None:
         model = replace(model, mmproj=mmproj)
+    log.info("model %r resolved to %s (from %s%s%s%s)", ref.model_path or ref.model or ref.repo, model.path,
+             model.source, f" {model.repo}" if model.repo else "",
+             f", {len(model.shards)} shards" if len(model.shards) > 1 else "",
+             f", projector {model.mmproj}" if model.mmproj else "")
     return Resolution(model, _resolve_draft(ref))
 
 
