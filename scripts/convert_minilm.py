@@ -73,12 +73,17 @@ def ensure_tooling_venv(timings: dict[str, float] | None = None) -> Path:
     t1 = time.monotonic()
     print(f"installing {' '.join(TOOLING_REQUIREMENTS)} into it ...", flush=True)
     pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    # First from what pip is configured with (a wheel dir or mirror may hold the CPU build), then PyTorch's index.
+    # First from what pip is configured with (a wheel dir or mirror may hold the CPU build), then PyTorch's CPU
+    # index, then (a machine that reaches neither) the package index's torch 2.13.0, the large CUDA build on Linux.
     if subprocess.run([*pip, *TOOLING_REQUIREMENTS]).returncode != 0:
         if sys.platform != "linux":
             raise SystemExit("installing the converter's requirements failed (see pip's output above)")
         print(f"retrying with PyTorch's CPU index {TORCH_CPU_INDEX} ...", flush=True)
-        subprocess.run([*pip, "--extra-index-url", TORCH_CPU_INDEX, *TOOLING_REQUIREMENTS], check=True)
+        cpu_index = [*pip, "--timeout", "30", "--retries", "1", "--extra-index-url", TORCH_CPU_INDEX]
+        if subprocess.run([*cpu_index, *TOOLING_REQUIREMENTS]).returncode != 0:
+            print("PyTorch's index cannot be reached: installing the package index's torch 2.13.0 (several GB on "
+                  "Linux: the CUDA build)", flush=True)
+            subprocess.run([*pip, "torch==2.13.0", *TOOLING_REQUIREMENTS[1:]], check=True)
     t2 = time.monotonic()
     stamp.write_text(wanted)
     print(f"tooling venv: created in {t1 - t0:.1f} s, requirements installed in {t2 - t1:.1f} s", flush=True)
