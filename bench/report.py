@@ -10,6 +10,7 @@ from typing import Any
 from bench import machine
 from bench.clients import SEED
 from bench.config import BATCH, BATCH_TOKENS, GOALS, N_CTX, N_PARALLEL, Config
+from bench.scenarios.cache_reuse import MODES
 from bench.scenarios.speculative import CHAT_TASK, CHAT_TOPICS, EDIT_SOURCE, EDIT_TASK
 
 Row = tuple[str, str, str, str, str, str, str]
@@ -95,6 +96,14 @@ def rows(res: dict[str, Any]) -> list[Row]:
     if "p17" in res:
         add(f"P17 first-turn TTFT after a stop and start ({res['p17']['prompt_tokens']}-token prompt), restored ÷ "
             f"cold", "prompt cache", res["p17"]["ratio"], 3)
+    if "p18" in res:
+        p = res["p18"]
+        turn, last = p["summary_turn"], p["turns"]
+        for mode, what in MODES.items():
+            add(f"P18 turn {turn} prompt tokens, cache reuse ÷ without: {what}", "ChatGGUF", p[mode]["at_change"], 3)
+        for mode, what in MODES.items():
+            add(f"P18 turns {turn}–{last} prompt tokens, cache reuse ÷ without: {what}", "ChatGGUF",
+                p[mode]["after_change"], 3)
     if "p6" in res:
         add(f"P6 GGUF header: gguf.GGUFReader time ÷ ours ({res['p6']['model']})", "read_header",
             res["p6"]["speedup"], 0, "x")
@@ -208,6 +217,15 @@ def write_markdown(res: dict[str, Any], path: Path, cfg: Config) -> None:
         lines += ["", f"P17 absolute TTFT (median): restored {p['cached_ms']['median']:.0f} ms, cold "
                   f"{p['cold_ms']['median']:.0f} ms; the stop that saved the slot ({p['file_mb']:.0f} MB) took "
                   f"{p['stop_ms']['median']:.0f} ms."]
+    if "p18" in res:
+        p = res["p18"]
+        lines += ["", f"P18 ({p['model']}, `cache_reuse={p['chunk']}` against 0, {p['turns']} turns, replies of "
+                  f"{p['reply_tokens']} tokens; the agent loop keeps its last {p['keep']} messages, the chat a window "
+                  f"of {p['window_messages']}{'; ' + p['run']['note'] if 'run' in p else ''}): prompt tokens evaluated per turn "
+                  "(`timings.prompt_n`), first round:"]
+        for mode in MODES:
+            loop = p[mode]["loops"][0]
+            lines += [f"- {mode}: with cache reuse {loop['on']}, without {loop['off']}"]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -221,11 +239,11 @@ def write_summary(res: dict[str, Any], path: Path, cfg: Config) -> None:
         "What gguf-provider costs on top of llama-server, from `make bench` (generated; do not edit). Every "
         "metric: [bench/results.md](../bench/results.md); method and history: [bench/NOTES.md](../bench/NOTES.md).",
         "",
-        "Each figure is a ratio measured side by side in one run (same server, same request, temperature 0, the "
-        "variants interleaved in every round). A *floor* is the cheapest client of the same framework "
-        "(`bench/floors.py`). *Median* is over the rounds, *band* its ~95% confidence interval: the verdict is "
-        "**yes** when the whole band meets the goal, **no** when none of it does, **within noise** otherwise "
-        f"(rounds are added while it straddles, up to {res.get('max_rounds', cfg.max_rounds)}). "
+        "Each figure is a ratio measured side by side in one run (same request, temperature 0, variants "
+        "interleaved). A *floor* is the cheapest client of the same framework (`bench/floors.py`). *Band*: the "
+        "median's ~95% confidence interval; the verdict is **yes** when all of it meets the goal, **no** when none "
+        f"does, **within noise** otherwise (rounds are added while it straddles, up to "
+        f"{res.get('max_rounds', cfg.max_rounds)}). "
         f"This run: {m['cpu']}, {m['cores']} cores, llama-server `-c {N_CTX} -np {N_PARALLEL} --kv-unified "
         f"{' '.join(cfg.server_args)}` on its own core, {res['model']} for P1–P5.",
         "",
@@ -240,11 +258,10 @@ def write_summary(res: dict[str, Any], path: Path, cfg: Config) -> None:
                   f"P7/P8 (`speculative=\"auto\"` against `False`): rewriting a 6 kB module ran at "
                   f"{p['edit_tok_s']['auto']['median']:.1f} vs {p['edit_tok_s']['False']['median']:.1f} tok/s, "
                   f"ordinary chat at {p['chat_tok_s']['auto']['median']:.1f} vs "
-                  f"{p['chat_tok_s']['False']['median']:.1f} tok/s; greedy text identical with and without: "
+                  f"{p['chat_tok_s']['False']['median']:.1f} tok/s; greedy text identical: "
                   + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in p["identical"].items()) + "."
                   + (f" The gain is bounded by the CPU's batch ÷ one-token speed ({ceiling['ratio']:.2f}x here), "
-                     "so it differs between machines (bench/NOTES.md)." if ceiling else "")
-                  + " What it does: [speed.md](speed.md)."]
+                     "so it differs between machines (bench/NOTES.md)." if ceiling else "")]
     lines += ["", "![benchmarks](benchmarks.png)", ""]
     path.write_text("\n".join(lines))
 

@@ -13,7 +13,7 @@ Environment: ``BENCH_ROUNDS`` (first rounds, default 9), ``BENCH_MAX_ROUNDS`` (c
 ``BENCH_PAIR_MAX_ROUNDS`` and ``BENCH_PAIR_MAX_STREAMS`` (caps of P1/P2's rounds of the pairs still within noise,
 default 161 rounds or 420 streams in those rounds, whichever comes first), ``BENCH_TOKENS``
 (default 256), ``BENCH_PORT`` (default 18731), ``BENCH_THREADS`` (llama-server threads, default 1), ``BENCH_ONLY``
-(comma list of p1,p3,p4,p5,p6,p7,p8,p9,p17 to run a subset, p2 runs with p1; the report then holds only those),
+(comma list of p1,p3,p4,p5,p6,p7,p8,p9,p17,p18 to run a subset, p2 runs with p1; the report then holds only those),
 ``BENCH_OUT`` (a directory for the report instead of docs/ and bench/, e.g. for a second run to compare).
 
 This module only orchestrates: settings in bench/config.py, the scenarios in bench/scenarios/, the report in
@@ -38,6 +38,7 @@ from bench.config import GOALS, N_CTX, N_PARALLEL, Config
 from bench.log import log
 from bench.measure import ServerLog
 from bench.scenarios.batch import bench_batch
+from bench.scenarios.cache_reuse import bench_cache_reuse
 from bench.scenarios.cache_type import bench_cache_type
 from bench.scenarios.header import bench_header
 from bench.scenarios.multiturn import bench_multiturn
@@ -46,7 +47,7 @@ from bench.scenarios.speculative import bench_speculative
 from bench.scenarios.startup import bench_attach, bench_cold
 from bench.scenarios.stream import bench_replay, bench_stream
 from gguf_provider.engine import Engine, EngineConfig
-from gguf_provider.runtime import discovery
+from gguf_provider.runtime import discovery, server_options
 
 
 def shared_server_benches(cfg: Config, small: Path, res: dict[str, Any]) -> None:
@@ -116,6 +117,8 @@ def run(cfg: Config, results_path: Path) -> dict[str, Any]:
         res["p9"] = bench_cache_type(large)
     if "p17" in cfg.only:
         res["p17"] = bench_prompt_cache(cfg, small)
+    if "p18" in cfg.only:
+        res["p18"] = bench_cache_reuse(cfg, small, server_options.DEFAULT_CACHE_REUSE)
     res["machine"]["load_after"] = list(os.getloadavg())
     res["elapsed_s"] = time.perf_counter() - started
     return res

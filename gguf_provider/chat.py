@@ -16,8 +16,9 @@ from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from . import families
 from .engine import Engine
-from .errors import GenerationTimeWarning, LoopWarning, RepeatedToolCallWarning
+from .errors import GenerationTimeWarning, LoopWarning, ReasoningWarning, RepeatedToolCallWarning
 from .events import (
     Collector,
     Completion,
@@ -83,6 +84,7 @@ class ChatRequest:
     response_format: dict[str, Any] | None = None
     params: dict[str, Any] = field(default_factory=dict)  # sampling and max_tokens, OpenAI names
     reasoning: Reasoning = None
+    reasoning_budget: int | None = None  # thinking tokens (llama-server's reasoning_budget_tokens)
     heal_tool_calls: bool = True
     loop_guard: bool = True
     max_time: float | str | None = "auto"  # seconds; "auto": DEFAULT_MAX_TIME when max_tokens is unset
@@ -107,8 +109,16 @@ class ChatRequest:
             return [self.tool_choice[5:]]
         return None
 
-    def payload(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"messages": self.messages}
+    def payload(self, family: families.Family | None = None) -> dict[str, Any]:
+        """The request body for a model of ``family`` (None: unknown, llama-server's general switches)."""
+        messages = self.messages
+        if family and family.ids9:
+            messages = families.with_nine_char_ids(messages)
+        if family and family.text_call:
+            messages = families.with_calls_as_text(messages, family.text_call)
+        if family and family.user_results:
+            messages = families.with_results_as_user(messages)
+        body: dict[str, Any] = {"messages": messages}
         body.update({k: v for k, v in self.params.items() if v is not None})
         forced = self.forced
         if self.tools and self.tool_choice != "none":
@@ -118,14 +128,18 @@ class ChatRequest:
                 body["response_format"] = forced_schema(self.tools, forced)
             else:
                 body["tools"] = self.tools
-                body["tool_choice"] = "auto"
+                body.setdefault("tool_choice", "auto")  # a raw tool_choice in model_kwargs is sent as is
         if self.response_format is not None and forced is None:
             body["response_format"] = self.response_format
         if body.get("max_tokens") is None and "response_format" in body:
             body["max_tokens"] = constrained_max_tokens(body["response_format"])
-        kwargs = reasoning_kwargs(self.reasoning)
-        if kwargs:
-            body["chat_template_kwargs"] = {**kwargs, **body.get("chat_template_kwargs", {})}
+        if self.reasoning is not None or self.reasoning_budget is not None:
+            fields = reasoning_fields(self.reasoning, self.reasoning_budget, family)
+            kwargs = fields.pop("chat_template_kwargs", {})
+            if kwargs:
+                body["chat_template_kwargs"] = {**kwargs, **body.get("chat_template_kwargs", {})}
+            for k, v in fields.items():
+                body.setdefault(k, v)
         bound = self.time_bound
         if bound:
             body.setdefault("t_max_predict_ms", max(1, round(bound * 1000)))
@@ -144,17 +158,28 @@ def constrained_max_tokens(response_format: dict[str, Any]) -> int:
     return min(4096, 256 + 2 * len(json.dumps(schema, separators=(",", ":"))))
 
 
-def reasoning_kwargs(reasoning: Reasoning) -> dict[str, Any]:
-    """Template kwargs for the reasoning switch (templates read ``enable_thinking`` / ``reasoning_effort``)."""
-    if reasoning is None:
-        return {}
-    if reasoning is True:
-        return {"enable_thinking": True}
-    if reasoning is False:
-        return {"enable_thinking": False}
-    if reasoning in REASONING_EFFORTS:
-        return {"enable_thinking": True, "reasoning_effort": reasoning}
-    raise ValueError(f"reasoning must be None, True, False or one of {REASONING_EFFORTS}, not {reasoning!r}")
+_warned: set[str] = set()
+
+
+def reasoning_fields(reasoning: Reasoning, budget: int | None, family: families.Family | None) -> dict[str, Any]:
+    """The request fields that switch thinking for ``family`` (:func:`gguf_provider.families.reasoning_fields`);
+    a :class:`ReasoningWarning`, once per message, when the family cannot do what was asked."""
+    if reasoning is not None and reasoning is not True and reasoning is not False \
+            and reasoning not in REASONING_EFFORTS:
+        raise ValueError(f"reasoning must be None, True, False or one of {REASONING_EFFORTS}, not {reasoning!r}")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < -1):
+        raise ValueError(f"reasoning_budget must be tokens (>= 0) or -1 (none), not {budget!r}")
+    fields, warning = families.reasoning_fields(reasoning, budget, family)
+    if warning and warning not in _warned:
+        _warned.add(warning)
+        warnings.warn(warning, ReasoningWarning, stacklevel=5)
+    return fields
+
+
+def family_of(engine: Engine) -> families.Family | None:
+    """The family of the server's chat template (``/props``)."""
+    template = engine.props.get("chat_template")
+    return families.detect(template if isinstance(template, str) else None)
 
 
 class EventProcessor:
@@ -327,7 +352,7 @@ class EventProcessor:
 
 def _events(engine: Engine, request: ChatRequest, proc: EventProcessor) -> Iterator[Event]:
     """One request's events through ``proc``; a reply past its time bound is closed (the server cancels it)."""
-    events = engine.stream(request.payload(), loop_guard=request.loop_guard)
+    events = engine.stream(request.payload(family_of(engine)), loop_guard=request.loop_guard)
     try:
         for ev in events:
             yield from proc.feed(ev)
@@ -342,7 +367,7 @@ def _events(engine: Engine, request: ChatRequest, proc: EventProcessor) -> Itera
 
 async def _aevents(engine: Engine, request: ChatRequest, proc: EventProcessor) -> AsyncGenerator[Event, None]:
     # aclosing: closing this generator (a consumer that stops early) closes the request at once, not at GC.
-    async with aclosing(engine.astream(request.payload(), loop_guard=request.loop_guard)) as events:
+    async with aclosing(engine.astream(request.payload(family_of(engine)), loop_guard=request.loop_guard)) as events:
         async for ev in events:
             for out in proc.feed(ev):
                 yield out
@@ -356,7 +381,7 @@ async def _aevents(engine: Engine, request: ChatRequest, proc: EventProcessor) -
 def stream(engine: Engine, request: ChatRequest) -> Iterator[Event]:
     proc = EventProcessor(request)
     # Inlined (not through _events): one generator less per token.
-    events = engine.stream(request.payload(), loop_guard=request.loop_guard)
+    events = engine.stream(request.payload(family_of(engine)), loop_guard=request.loop_guard)
     try:
         for ev in events:
             yield from proc.feed(ev)
@@ -381,7 +406,7 @@ def stream(engine: Engine, request: ChatRequest) -> Iterator[Event]:
 async def astream(engine: Engine, request: ChatRequest) -> AsyncGenerator[Event, None]:
     proc = EventProcessor(request)
     # Inlined (not through _aevents): one async generator less per token.
-    async with aclosing(engine.astream(request.payload(), loop_guard=request.loop_guard)) as events:
+    async with aclosing(engine.astream(request.payload(family_of(engine)), loop_guard=request.loop_guard)) as events:
         async for ev in events:
             for out in proc.feed(ev):
                 yield out

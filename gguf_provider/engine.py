@@ -98,6 +98,7 @@ class EngineConfig:
     speculative: bool | str = "auto"
     kv_cache_type: str = "f16"  # K and V cache type: f16, q8_0, q4_0, ... (what the build lists)
     prompt_cache: bool = True  # long prompts' KV saved at a stop, restored by the next server (runtime/prompt_cache)
+    cache_reuse: int = 64  # --cache-reuse chunk size (server_options.DEFAULT_CACHE_REUSE); 0: off
     # Hosts, addresses or networks whose non-public image URLs may be fetched, "*", "file:" (media.FetchPolicy);
     # None: $GGUF_PROVIDER_MEDIA_ALLOW_HOSTS, read at each request
     media_allow_hosts: tuple[str, ...] | None = None

@@ -263,6 +263,12 @@ class GenerationTimeWarning(UserWarning):
     larger ``max_time``, or ``max_time=None`` for no time bound."""
 
 
+class ReasoningWarning(UserWarning):
+    """``reasoning=`` asked for what the model's family cannot do (thinking off on gpt-oss or an always-thinking
+    model, thinking on a model without it); the message says what happens instead (docs/models.md). Said once per
+    family and request."""
+
+
 class RepeatedToolCallWarning(UserWarning):
     """A model's reply only repeated a tool call whose result the conversation already had; it was asked once more
     without tools."""

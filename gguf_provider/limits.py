@@ -63,7 +63,7 @@ def check_pair(index: int, document: str, n_query: int, n_document: int, limit: 
 
 def template_payload(payload: dict[str, Any]) -> dict[str, Any]:
     """The part of a chat payload the server's ``/apply-template`` takes, images and audio left out."""
-    keys = ("messages", "tools", "chat_template_kwargs", "tool_choice")
+    keys = ("messages", "tools", "chat_template_kwargs", "tool_choice", "reasoning_effort")
     out = {k: payload[k] for k in keys if k in payload}
     if "messages" in out:
         out["messages"] = media.text_only(out["messages"])  # the server's marker for an image is no count of it

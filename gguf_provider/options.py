@@ -158,7 +158,11 @@ class SamplingOptions(_Options):
     stop: list[str] | None = Field(default=None, alias="stop_sequences", description=(
         "Strings that end the reply (also accepted as `stop_sequences`)."))
     reasoning: bool | Literal["low", "medium", "high"] | None = Field(default=None, description=(
-        "Thinking: None = the template's default, True/False = on/off, `low`/`medium`/`high` = effort."))
+        "Thinking: None = the template's default, True/False = on/off, `low`/`medium`/`high` = gpt-oss's effort or "
+        "a thinking budget of 1024/4096/unbounded tokens; per family in docs/models.md."))
+    reasoning_budget: int | None = Field(default=None, ge=-1, description=(
+        "Most tokens of thinking (llama-server ends the thinking there; -1: unbounded); overrides `reasoning`'s "
+        "budget."))
     max_time: float | Literal["auto"] | None = Field(default="auto", description=(
         "Seconds of generation (`t_max_predict_ms`), then finish reason `length` and a `GenerationTimeWarning`; "
         "`auto`: 600 without `max_tokens`; None/0: none."))
@@ -255,7 +259,8 @@ class ChatOptions(EngineOptions, ChatServerOptions, SamplingOptions, MediaOption
             messages=messages, tools=kwargs.pop("tools", None) or [],
             tool_choice=chat.normalize_tool_choice(kwargs.pop("tool_choice", None)),
             response_format=kwargs.pop("response_format", None), params=params,
-            reasoning=kwargs.pop("reasoning", self.reasoning), heal_tool_calls=self.auto_heal_tool_calls,
+            reasoning=kwargs.pop("reasoning", self.reasoning),
+            reasoning_budget=kwargs.pop("reasoning_budget", self.reasoning_budget), heal_tool_calls=self.auto_heal_tool_calls,
             loop_guard=kwargs.pop("loop_guard", self.loop_guard), max_time=kwargs.pop("max_time", self.max_time))
         request.params.update(self.extra_body())
         request.params.update({k: v for k, v in kwargs.items() if v is not None})

@@ -6,13 +6,18 @@ a JSON schema by grammar. So a forced choice becomes a ``response_format`` whose
 Small models also often write calls as text (``<tool_call>{...}</tool_call>``, Qwen3-Coder XML ``<function=name>``
 with or without its closing tags, bare or fenced JSON), or llama-server's parser leaves them there (a template it
 has no tool format for); :func:`heal_tool_calls` recovers those when ``tool_choice`` is "auto", also after prose.
+:func:`function_tool` makes a tool's schema from a Python function (the magics' ``--tools``).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
+import types
+import typing
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -331,3 +336,57 @@ def parse_forced(text: str) -> ToolCall | None:
         return None
     args = value.get("arguments", {})
     return ToolCall(new_call_id(), str(value["name"]), json.dumps(args if isinstance(args, dict) else {}))
+
+
+_JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array",
+                               tuple: "array", set: "array", dict: "object"}
+_ARG_LINE = re.compile(r"^\s*\*{0,2}(\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)$")
+
+
+def function_tool(fn: Callable[..., Any]) -> dict[str, Any]:
+    """An OpenAI-format tool for a Python function, without LangChain: its name; its docstring up to ``Args:`` as
+    the description; one parameter per argument, typed from its annotation (``str``, ``int``, ``float``, ``bool``,
+    ``list[...]``, ``dict``, ``Literal[...]``, ``X | None``; untyped: its default's type; else any JSON), described
+    by its line under ``Args:`` (Google style), required when it has no default."""
+    doc = inspect.getdoc(fn) or ""
+    head, _, args_doc = doc.partition("Args:")
+    described = {}
+    for line in args_doc.splitlines():
+        m = _ARG_LINE.match(line)
+        if m:
+            described[m.group(1)] = m.group(2).strip()
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # a forward reference it cannot resolve: untyped parameters
+        hints = {}
+    properties: dict[str, Any] = {}
+    required = []
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name in ("self", "cls"):
+            continue
+        default_type = None if p.default is p.empty or p.default is None else type(p.default)
+        schema = _type_schema(hints.get(p.name, default_type))
+        if p.name in described:
+            schema["description"] = described[p.name]
+        properties[p.name] = schema
+        if p.default is p.empty:
+            required.append(p.name)
+    name = getattr(fn, "__name__", type(fn).__name__)
+    function: dict[str, Any] = {"name": name, "description": " ".join(head.split()) or name,
+                                "parameters": {"type": "object", "properties": properties, "required": required}}
+    return {"type": "function", "function": function}
+
+
+def _type_schema(hint: Any) -> dict[str, Any]:
+    origin, params = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Literal:
+        return {"enum": list(params)}
+    if origin in (typing.Union, types.UnionType):
+        rest = [a for a in params if a is not type(None)]
+        return _type_schema(rest[0]) if len(rest) == 1 else {"anyOf": [_type_schema(a) for a in rest]}
+    kind = _JSON_TYPES.get(origin or hint)
+    if kind is None:
+        return {}
+    if kind == "array" and params:
+        return {"type": "array", "items": _type_schema(params[0])}
+    return {"type": kind}

@@ -3,7 +3,8 @@ shared engine layer (:mod:`gguf_provider.chat`), so streaming, reasoning and err
 LlamaIndex adapters. What they draw lives in :mod:`.display`.
 
 ``%gguf`` load, ps, devices, list, unload, use, reset, history, config, or a one-shot prompt; ``%%gguf`` a chat turn whose
-reply streams live into the cell output.
+reply streams live into the cell output. With ``--tools`` the reply may be tool calls (shown and kept in the history,
+never run); ``--tool-result [ID]`` sends a call's result back.
 """
 
 from __future__ import annotations
@@ -28,20 +29,26 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from .. import chat, logs, status
 from ..engine import Engine, EngineConfig
 from ..errors import GGUFProviderError, ServerError
-from ..events import ReasoningDelta, TextDelta, Timings, Usage
-from .display import GGUFReply, ModelSummary, _LiveOutput, _Progress, _Table
+from ..events import Collector, ReasoningDelta, TextDelta, Timings, ToolCallDelta, Usage
+from ..tools import function_tool, tool_name
+from .display import GGUFReply, ModelSummary, _LiveOutput, _Progress, _Table, call_text
 
 # --- state ------------------------------------------------------------------------------------------------------
 
 
 @dataclass
 class _Turn:
-    """One exchange; ``key`` names the cell that made it, so running that cell again replaces it."""
+    """One exchange; ``key`` names the cell that made it, so running that cell again replaces it. A ``--tool-result``
+    cell's turn has ``tool_call_id``: ``user`` is that call's result; its ``reply`` is None while other calls of the
+    same reply still wait for their results (the model is asked once all are in)."""
 
     key: str
     user: str
-    reply: str
+    reply: str | None
     images: tuple[str, ...] = ()  # the cell's --image files as data URIs (or http(s) URLs), resent with the history
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # the reply's: {"id", "name", "arguments"}
+    tool_call_id: str | None = None
+    tools: list[dict[str, Any]] = field(default_factory=list)  # what --tools sent; a --tool-result cell resends them
 
 
 @dataclass
@@ -50,7 +57,7 @@ class _Model:
 
     name: str
     engine: Engine
-    reasoning: bool | None = None
+    reasoning: bool | str | None = None
     history: list[_Turn] = field(default_factory=list)
 
 
@@ -74,10 +81,83 @@ def _cell_parser() -> _ArgParser:
     p.add_argument("-f", "--format", choices=["markdown", "text", "code", "json"], default="markdown")
     think = p.add_mutually_exclusive_group()
     think.add_argument("--think", dest="think", action="store_true", default=None)
+    think.add_argument("--effort", dest="think", choices=["low", "medium", "high"])
     think.add_argument("--no-think", dest="think", action="store_false")
     p.add_argument("--no-interpolate", action="store_true")
     p.add_argument("-i", "--image", action="append", default=[])
+    p.add_argument("--tools", metavar="NAME[,NAME...]")
+    p.add_argument("--tool-choice", metavar="auto|none|required|TOOL")
+    p.add_argument("--tool-result", nargs="?", const="", metavar="ID")
     return p
+
+
+def notebook_tools(names: str, namespace: dict[str, Any]) -> list[dict[str, Any]]:
+    """``--tools``' value as OpenAI-format tools: each name a notebook variable holding a function (its schema from
+    its signature, :func:`~gguf_provider.tools.function_tool`), an OpenAI tool dict, a bare ``{"name", "parameters"}``
+    function dict, or a list of these."""
+    tools: list[dict[str, Any]] = []
+
+    def add(value: Any, name: str) -> None:
+        if isinstance(value, (list, tuple)):
+            for item in value:
+                add(item, name)
+        elif isinstance(value, dict) and isinstance(value.get("function"), dict):
+            tools.append(value)
+        elif isinstance(value, dict) and "name" in value:
+            tools.append({"type": "function", "function": value})
+        elif callable(value):
+            try:
+                tools.append(function_tool(value))
+            except (TypeError, ValueError) as exc:  # a builtin without a signature
+                raise UsageError(f"%%gguf --tools: no schema for {name}: {exc}") from None
+        else:
+            raise UsageError(f"%%gguf --tools: {name} is a {type(value).__name__}, not a function or an OpenAI "
+                             f"tool dict")
+
+    for name in filter(None, (n.strip() for n in names.split(","))):
+        if name not in namespace:
+            raise UsageError(f"%%gguf --tools: {name} is not defined in the notebook")
+        add(namespace[name], name)
+    return tools
+
+
+def _tool_choice(value: str | None, tools: list[dict[str, Any]]) -> str | None:
+    """``--tool-choice`` normalized as every adapter does it; a tool it names must be one of ``--tools``."""
+    if value is None:
+        return None
+    if not tools:
+        raise UsageError("%%gguf --tool-choice: give the tools with --tools")
+    choice = chat.normalize_tool_choice(value)
+    names = [tool_name(t) for t in tools]
+    if choice and choice.startswith("name:") and choice[5:] not in names:
+        raise UsageError(f"%%gguf --tool-choice: {value!r} is not auto, none, required or a tool of --tools "
+                         f"({', '.join(names)})")
+    return choice
+
+
+def _result_id(given: str, waiting: list[dict[str, Any]]) -> str:
+    """The call ``--tool-result [ID]`` answers: ``ID``, or without it the one call that waits for a result."""
+    ids = [str(c["id"]) for c in waiting]
+    if not given and len(ids) == 1:
+        return ids[0]
+    if given in ids:
+        return given
+    raise UsageError(f"%%gguf --tool-result ID: {'which call? ' if not given else f'no call {given!r} '}"
+                     f"(waiting for results: {', '.join(ids)})")
+
+
+def _asked(text: str, images: tuple[str, ...], tool_call_id: str | None, names: dict[str, str]) -> dict[str, Any]:
+    """A turn's message to the model: the user's, or a tool result (with the call's tool name, which some templates
+    render)."""
+    if tool_call_id is None:
+        return {"role": "user", "content": _user_content(text, images)}
+    named = {"name": names[tool_call_id]} if tool_call_id in names else {}
+    return {"role": "tool", "tool_call_id": tool_call_id, **named, "content": text}
+
+
+def _wire_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"id": c["id"], "type": "function",
+             "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}} for c in calls]
 
 
 def image_url(value: str, cwd: Path | None = None) -> str:
@@ -141,10 +221,14 @@ class GGUFMagics(Magics):
         self._cell_id: str | None = None
         self._shell: Any = shell
         shell.events.register("pre_run_cell", self._pre_run_cell)
+        shell.events.register("post_run_cell", self._post_run_cell)
         logs.from_env()  # $GGUF_PROVIDER_LOG, also when it was set after the import (`%env`, os.environ)
 
     def _pre_run_cell(self, info: Any) -> None:
         self._cell_id = getattr(info, "cell_id", None)
+
+    def _post_run_cell(self, result: Any) -> None:
+        self._cell_id = None  # a magic called from code later is not that cell
 
     # --- entry point ----------------------------------------------------------------------------------------
 
@@ -153,7 +237,7 @@ class GGUFMagics(Magics):
         """%gguf load SPEC | ps | devices [--rpc HOST:PORT,...] | list | unload [NAME|--all] | use NAME | reset [NAME]
         | history | config | log [LEVEL] | PROMPT
         %%gguf [NAME] [-s SYSTEM] [-t TEMP] [-n MAX_TOKENS] [--no-history] [-o VAR] [-f FORMAT] [--think|--no-think]
-        [--no-interpolate] [--image PATH_OR_URL ...]"""
+        [--no-interpolate] [--image PATH_OR_URL ...] [--tools NAME,... [--tool-choice CHOICE]] [--tool-result [ID]]"""
         try:
             if cell is not None:
                 return self._cell(line, cell)
@@ -187,7 +271,7 @@ class GGUFMagics(Magics):
         p.add_argument("--quant")
         p.add_argument("--ctx", type=int)
         p.add_argument("--as", dest="alias")
-        p.add_argument("--reasoning", choices=["on", "off"])
+        p.add_argument("--reasoning", choices=["on", "off", "low", "medium", "high"])
         p.add_argument("--chat-template-file")
         p.add_argument("--vision", action="store_true")
         p.add_argument("--mmproj")
@@ -214,7 +298,7 @@ class GGUFMagics(Magics):
         old = self.models.get(name)
         if old is not None and old.engine is not engine:
             old.engine.unload()
-        reasoning = None if ns.reasoning is None else ns.reasoning == "on"
+        reasoning = {None: None, "on": True, "off": False}.get(ns.reasoning, ns.reasoning)
         self.models[name] = _Model(name, engine, reasoning)
         self.current = name
         return ModelSummary(name, info.model, engine.n_ctx, info.address.describe(), engine.capabilities(),
@@ -293,7 +377,10 @@ class GGUFMagics(Magics):
 
     def _cmd_history(self, args: list[str]) -> _Table:
         model = self._model(args[0] if args else None)
-        rows = [{"#": i + 1, "you": t.user[:80], "model": t.reply[:80]} for i, t in enumerate(model.history)]
+        rows = [{"#": i + 1, "you": (f"[tool result {t.tool_call_id}] " if t.tool_call_id else "") + t.user[:80],
+                 "model": "; ".join([*([t.reply[:80]] if t.reply else []),
+                                     *(f"[tool call] {call_text(c)}"[:80] for c in t.tool_calls)])}
+                for i, t in enumerate(model.history)]
         return _Table(rows, f"no history for {model.name}")
 
     def _cmd_config(self, args: list[str]) -> _Table:
@@ -330,18 +417,36 @@ class GGUFMagics(Magics):
         system = ns.system if ns.system is not None else self.settings["system"]
         key = self._cell_id or hashlib.sha256(f"{line}\n{cell}".encode()).hexdigest()[:16]
         images = tuple(image_url(v, Path.cwd()) for v in ns.image)
-        messages = self._messages(model, prompt, system, history=not ns.no_history, replace_key=key, images=images)
+        tools = notebook_tools(ns.tools, self._shell.user_ns) if ns.tools else []
+        if ns.format == "json" and (ns.tools or ns.tool_result is not None):  # llama-server: 400 with tools
+            raise UsageError("%%gguf: -f json does not go with --tools or --tool-result")
+        result_of: str | None = None
+        if ns.tool_result is not None:
+            calling, waiting = self._waiting_calls(model, key, ns.no_history)
+            result_of = _result_id(ns.tool_result, waiting)
+            tools = tools or calling.tools
+            still = [c["id"] for c in waiting if c["id"] != result_of]
+            if still:  # the model is asked once every call of its reply has a result
+                self._record(model, _Turn(key, prompt, None, tool_call_id=result_of, tools=tools))
+                print(f"result of {result_of} recorded; the model is asked once {', '.join(still)} "
+                      f"{'has' if len(still) == 1 else 'have'} a result too")
+                return None
+        tool_choice = _tool_choice(ns.tool_choice, tools)
+        messages = self._messages(model, prompt, system, history=not ns.no_history, replace_key=key, images=images,
+                                  tool_call_id=result_of)
         temperature = ns.temperature if ns.temperature is not None else self.settings["temperature"]
         max_tokens = ns.max_tokens if ns.max_tokens is not None else self.settings["max_tokens"]
         reasoning = ns.think if ns.think is not None else model.reasoning
         response_format = {"type": "json_object"} if ns.format == "json" else None
         max_time = ns.max_time if ns.max_time is not None else self.settings["max_time"]
         reply = self._run(model, messages, temperature, max_tokens, reasoning, response_format, max_time=max_time,
-                          live=ns.format != "json", markdown=ns.format != "text")
+                          live=ns.format != "json", markdown=ns.format != "text", tools=tools, tool_choice=tool_choice)
         if not ns.no_history:
-            self._record(model, key, prompt, reply.text, images)
+            self._record(model, _Turn(key, prompt, reply.text, images, reply.tool_calls, result_of, tools))
         if ns.output:
             self._shell.user_ns[ns.output] = reply.text
+        if reply.tool_calls:
+            return None  # shown already
         if ns.format == "json":
             try:
                 return json.loads(reply.text)
@@ -363,34 +468,70 @@ class GGUFMagics(Magics):
         return self.models[name]
 
     def _messages(self, model: _Model, prompt: str, system: str | None, *, history: bool,
-                  replace_key: str | None = None, images: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+                  replace_key: str | None = None, images: tuple[str, ...] = (),
+                  tool_call_id: str | None = None) -> list[dict[str, Any]]:
         messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
-        if history:
-            for turn in model.history:
-                if turn.key == replace_key:
-                    break  # re-running a cell replaces its turn: the conversation up to it is the context
-                messages += [{"role": "user", "content": _user_content(turn.user, turn.images)},
-                             {"role": "assistant", "content": turn.reply}]
-        messages.append({"role": "user", "content": _user_content(prompt, images)})
+        names: dict[str, str] = {}  # call id → tool name, for the tool messages
+        for turn in self._context(model, replace_key) if history else []:
+            messages.append(_asked(turn.user, turn.images, turn.tool_call_id, names))
+            if turn.reply is not None:
+                reply: dict[str, Any] = {"role": "assistant", "content": turn.reply}
+                if turn.tool_calls:
+                    reply["tool_calls"] = _wire_calls(turn.tool_calls)
+                    names.update((c["id"], c["name"]) for c in turn.tool_calls)
+                messages.append(reply)
+        messages.append(_asked(prompt, images, tool_call_id, names))
         return messages
 
-    def _record(self, model: _Model, key: str, prompt: str, reply: str, images: tuple[str, ...] = ()) -> None:
-        for i, turn in enumerate(model.history):
+    def _context(self, model: _Model, key: str | None) -> list[_Turn]:
+        """The history before the turn of cell ``key`` (re-running a cell replaces its turn: the conversation up to
+        it is the context), or all of it."""
+        turns = []
+        for turn in model.history:
             if turn.key == key:
-                model.history[i] = _Turn(key, prompt, reply, images)
+                break
+            turns.append(turn)
+        return turns
+
+    def _waiting_calls(self, model: _Model, key: str, no_history: bool) -> tuple[_Turn, list[dict[str, Any]]]:
+        """For ``--tool-result``: the turn whose reply made the last tool calls, and those without a result yet."""
+        if no_history:
+            raise UsageError("%%gguf --tool-result: a result answers a call in the history: drop --no-history")
+        turns = self._context(model, key)
+        i = len(turns) - 1
+        while i >= 0 and turns[i].reply is None:  # results recorded while others were missing
+            i -= 1
+        if i < 0 or not turns[i].tool_calls:
+            raise UsageError(f"%%gguf --tool-result: the last reply of {model.name} made no tool call")
+        answered = {t.tool_call_id for t in turns[i + 1:]}
+        waiting = [c for c in turns[i].tool_calls if c["id"] not in answered]
+        if not waiting:
+            raise UsageError("%%gguf --tool-result: every tool call of the last reply has its result")
+        return turns[i], waiting
+
+    def _record(self, model: _Model, turn: _Turn) -> None:
+        for i, old in enumerate(model.history):
+            if old.key == turn.key:
+                model.history[i] = turn
+                # Results of calls the re-run reply no longer makes answer nothing: they go too.
+                gone = {c["id"] for c in old.tool_calls} - {c["id"] for c in turn.tool_calls}
+                model.history[i + 1:] = [t for t in model.history[i + 1:] if t.tool_call_id not in gone]
                 return
-        model.history.append(_Turn(key, prompt, reply, images))
+        model.history.append(turn)
 
     def _run(self, model: _Model, messages: list[dict[str, Any]], temperature: float | None,
-             max_tokens: int | None, reasoning: bool | None, response_format: dict[str, Any] | None = None,
-             live: bool = True, markdown: bool = True, max_time: float | None = None) -> GGUFReply:
+             max_tokens: int | None, reasoning: bool | str | None, response_format: dict[str, Any] | None = None,
+             live: bool = True, markdown: bool = True, max_time: float | None = None,
+             tools: list[dict[str, Any]] | None = None, tool_choice: str | None = None) -> GGUFReply:
         request = chat.ChatRequest(messages=messages, params={"temperature": temperature, "max_tokens": max_tokens},
                                    reasoning=reasoning, response_format=response_format,
-                                   max_time="auto" if max_time is None else max_time)  # --max-time 0: no bound
+                                   max_time="auto" if max_time is None else max_time,  # --max-time 0: no bound
+                                   tools=tools or [], tool_choice=tool_choice)
         reply = GGUFReply(model=model.name, markdown=markdown)
         out = _LiveOutput(self._shell, reply) if live else None
         text: list[str] = []
         thinking: list[str] = []
+        calls = Collector()  # tool-call fragments, joined by index as every adapter does
         events = chat.stream(model.engine, request)
         assert isinstance(events, Generator)
         try:
@@ -403,6 +544,8 @@ class GGUFMagics(Magics):
                     thinking.append(ev.text)
                     if out:
                         out.delta(ev.text, "".join(text), "".join(thinking), reasoning=True)
+                elif isinstance(ev, ToolCallDelta):
+                    calls.add(ev)
                 elif isinstance(ev, Usage):
                     reply.usage = {"input_tokens": ev.prompt_tokens, "output_tokens": ev.completion_tokens}
                 elif isinstance(ev, Timings):
@@ -415,6 +558,8 @@ class GGUFMagics(Magics):
         finally:
             events.close()
         reply.text, reply.reasoning, reply.done = "".join(text), "".join(thinking), True
+        reply.tool_calls = [{"id": c.id or f"call_{i}", "name": c.name, "arguments": c.args()}
+                            for i, c in enumerate(calls.done().tool_calls)]
         if out:
             out.finish()
         self._shell.user_ns["_gguf_last"] = reply

@@ -4,6 +4,7 @@ streaming reply and the load progress, each as Markdown in a kernel and as plain
 from __future__ import annotations
 
 import html
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,12 +17,19 @@ def _is_kernel(shell: Any) -> bool:
     return bool(getattr(shell, "kernel", None))
 
 
+def call_text(call: dict[str, Any]) -> str:
+    """A tool call as it is shown: ``get_weather({"city": "Paris"})``."""
+    return f"{call['name']}({json.dumps(call['arguments'], ensure_ascii=False)})"
+
+
 @dataclass
 class GGUFReply:
-    """One reply: shown as Markdown (reasoning collapsed) in rich front ends, as text elsewhere."""
+    """One reply: shown as Markdown (reasoning collapsed) in rich front ends, as text elsewhere. ``tool_calls``:
+    the calls it made, ``{"id", "name", "arguments"}`` (arguments a dict), shown under the text and never run."""
 
     text: str = ""
     reasoning: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
     model: str = ""
     tokens_per_second: float | None = None
     drafted: tuple[int, int] | None = None  # speculative decoding: (drafted, accepted) tokens
@@ -49,6 +57,7 @@ class GGUFReply:
         if self.reasoning:
             out.append(f"<details><summary>Thinking</summary>\n\n{html.escape(self.reasoning.strip())}\n\n</details>\n")
         out.append(self.text + ("" if self.done else " ▌"))
+        out += [f"\n**tool call** `{call_text(c)}` · id `{c['id']}`" for c in self.tool_calls]
         footer = self._footer()
         if footer and self.done:
             out.append(f"\n\n<sub>{footer}</sub>")
@@ -57,7 +66,12 @@ class GGUFReply:
     def __repr__(self) -> str:
         head = f"[thinking]\n{self.reasoning.strip()}\n[/thinking]\n" if self.reasoning else ""
         footer = self._footer()
-        return head + self.text + (f"\n[{footer}]" if footer and self.done else "")
+        return head + self.text + self._calls(bool(self.text)) + (f"\n[{footer}]" if footer and self.done else "")
+
+    def _calls(self, after: bool) -> str:
+        """The tool calls as text lines (on a new line ``after`` other text)."""
+        lines = "\n".join(f"[tool call] {call_text(c)}  # id: {c['id']}" for c in self.tool_calls)
+        return ("\n" if after and lines else "") + lines
 
     def __str__(self) -> str:
         return self.text
@@ -154,6 +168,9 @@ class _LiveOutput:
         elif not self.rich:
             if self.printed_thinking and not self.answer_started:
                 print("\n[/thinking]", end="", flush=True)  # the reply was all thinking (cut or interrupted)
+            calls = self.reply._calls(self.printed_thinking or self.answer_started)
+            if calls:
+                print(calls, end="", flush=True)
             footer = self.reply._footer()
             print(f"\n[{footer}]" if footer else "", flush=True)
 

@@ -69,8 +69,10 @@ def _image_url(block: dict[str, Any]) -> str:
 
 
 def to_openai(messages: Sequence[BaseMessage], *, keep_reasoning: bool) -> list[dict[str, Any]]:
+    """OpenAI-format messages; an AI message's reasoning is kept where the template preserves it
+    (``keep_reasoning``) and on a last AI message, which llama-server continues (a prefilled reply)."""
     out: list[dict[str, Any]] = []
-    for m in messages:
+    for i, m in enumerate(messages):
         if isinstance(m, SystemMessage):
             out.append({"role": "system", "content": _content(m.content)})
         elif isinstance(m, HumanMessage):
@@ -83,7 +85,7 @@ def to_openai(messages: Sequence[BaseMessage], *, keep_reasoning: bool) -> list[
                      "function": {"name": tc["name"], "arguments": json.dumps(tc.get("args") or {})}}
                     for i, tc in enumerate(m.tool_calls)]
             reasoning = m.additional_kwargs.get("reasoning_content")
-            if keep_reasoning and reasoning:
+            if reasoning and (keep_reasoning or i == len(messages) - 1):
                 msg["reasoning_content"] = reasoning
             out.append(msg)
         elif isinstance(m, ToolMessage):

@@ -31,9 +31,10 @@ from ..tools import ToolCall
 
 
 def to_openai(messages: Sequence[ChatMessage], *, keep_reasoning: bool) -> list[dict[str, Any]]:
-    """LlamaIndex messages as OpenAI-format messages (text, images, tool calls, tool results, reasoning)."""
+    """LlamaIndex messages as OpenAI-format messages (text, images, tool calls, tool results, reasoning: kept where
+    the template preserves it, and on a last assistant message, which llama-server continues)."""
     out: list[dict[str, Any]] = []
-    for m in messages:
+    for i, m in enumerate(messages):
         role = m.role.value if isinstance(m.role, MessageRole) else str(m.role)
         role = {"chatbot": "assistant", "model": "assistant", "developer": "system", "function": "tool"}.get(role,
                                                                                                             role)
@@ -43,7 +44,7 @@ def to_openai(messages: Sequence[ChatMessage], *, keep_reasoning: bool) -> list[
             if calls:
                 msg["tool_calls"] = calls
             reasoning = "".join(b.content or "" for b in m.blocks if isinstance(b, ThinkingBlock))
-            if keep_reasoning and reasoning:
+            if reasoning and (keep_reasoning or i == len(messages) - 1):
                 msg["reasoning_content"] = reasoning
             if msg["content"] is None:
                 msg["content"] = ""

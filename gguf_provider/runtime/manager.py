@@ -388,7 +388,8 @@ class ServerManager:
                 placed = _plan(header, spec, devices, admitted.n_ctx)
                 return self._spawn(key, spec, binary, caps, header.pooling_type, admitted, shared=shared,
                                    keep_alive=keep_alive, start_timeout=start_timeout, progress=progress,
-                                   family=family, admission_lock=admission_lock, placed=placed)
+                                   family=family, admission_lock=admission_lock, placed=placed,
+                                   recurrent=header.has_ssm)
             except DeviceOutOfMemoryError as exc:
                 devices = _after_out_of_memory(exc, header, spec, devices, placed, attempt, seen)
             finally:
@@ -399,7 +400,8 @@ class ServerManager:
     def _spawn(self, key: str, spec: ServerSpec, binary: Path, caps: discovery.ServerCapabilities,
                header_pooling: int | None, admitted: budget_mod.Admission, *, shared: bool, keep_alive: float,
                start_timeout: float, progress: Progress | None, family: str,
-               admission_lock: AdmissionLock, placed: plan_mod.Plan | None = None) -> ServerInfo:
+               admission_lock: AdmissionLock, placed: plan_mod.Plan | None = None,
+               recurrent: bool = False) -> ServerInfo:
         reg = self._registry
         n_ctx = placed.n_ctx if placed is not None else admitted.n_ctx
         run = paths.runtime_dir()
@@ -420,7 +422,7 @@ class ServerManager:
         slot_dir, why_no_cache = _prompt_dir(spec, binary, caps)
         argv = build_argv(spec, binary, caps, alias, n_ctx, address, api_key_file, header_pooling=header_pooling,
                           placement=tuple(placed.args()) if placed is not None and _places(spec) else (),
-                          slot_save_path=slot_dir)
+                          slot_save_path=slot_dir, recurrent=recurrent)
         with open(log_path, "ab") as log:
             log.write(f"# gguf-provider: {' '.join(argv)}\n".encode())
             if why_no_cache:

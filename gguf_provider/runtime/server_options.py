@@ -58,6 +58,7 @@ class Build:
     header_pooling: int | None = None  # the model header's pooling type
     placement: tuple[str, ...] = ()  # the memory plan's -ngl / --tensor-split / --n-cpu-moe (runtime/plan.py)
     slot_save_path: Path | None = None  # the prompt cache's directory for this server (runtime/prompt_cache.py)
+    recurrent: bool = False  # the model has recurrent (SSM) layers (its header's `ssm.*` keys)
 
 
 Identity = Literal["args", "file", "binary"] | None
@@ -247,6 +248,29 @@ def _prompt_cache(spec: ServerSpec, build: Build) -> list[str]:
     return ["--slot-save-path", str(build.slot_save_path)] if spec.prompt_cache and build.slot_save_path else []
 
 
+DEFAULT_CACHE_REUSE = 64  # tokens; measured in bench/NOTES.md (P18)
+
+
+def validate_cache_reuse(value: Any) -> int:
+    """``cache_reuse``: a chunk size in tokens, 0 (or False) for off."""
+    if value is False:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"cache_reuse={value!r}: pass a chunk size in tokens (e.g. {DEFAULT_CACHE_REUSE}), or 0 "
+                         "for off")
+    return value
+
+
+def _cache_reuse(spec: ServerSpec, build: Build) -> list[str]:
+    # Left off where llama-server cannot shift the cache: embedding and reranking servers keep no history, a
+    # projector turns it off with a warning, and a recurrent model's state cannot lose a middle part (this build
+    # aborts when a shift asks it to: common_context_seq_rm).
+    if (not spec.cache_reuse or spec.embedding or spec.rerank or spec.mmproj is not None or build.recurrent
+            or not build.caps.supports("--cache-reuse")):
+        return []
+    return ["--cache-reuse", str(spec.cache_reuse)]
+
+
 def _written_by_embedding(spec: ServerSpec, build: Build) -> list[str]:
     return []  # `--pooling` goes with `--embedding` (_embedding): a chat server pools nothing
 
@@ -371,6 +395,14 @@ OPTIONS: tuple[ServerOption, ...] = (
         "(docs/runtime.md). Off for servers with a draft model or a projector.",
         flags=("--slot-save-path",), argv=_prompt_cache, identity=None, needs=("--slot-save-path",), group="chat"),
     ServerOption(
+        # Part of the identity, like speculation: a reused chunk keeps the KV computed after the messages that were
+        # dropped, so replies can differ from a server without it.
+        "cache_reuse", int, DEFAULT_CACHE_REUSE,
+        "Reuse cached runs of at least this many tokens after older messages were dropped (`--cache-reuse`; 0: off; "
+        "docs/speed.md).",
+        flags=("--cache-reuse",), argv=_cache_reuse, needs=("--cache-reuse",), normalize=validate_cache_reuse,
+        group="chat"),
+    ServerOption(
         "llama_server", str | None, None,
         "The llama-server binary to run; default: discovery (`$GGUF_PROVIDER_LLAMA_SERVER`, PATH, our build).",
         place=Place.HEAD, identity="binary"),
@@ -436,6 +468,7 @@ class ServerSpec:
     kv_cache_type: str = fit_mod.DEFAULT_CACHE_TYPE
     rerank: bool = False
     prompt_cache: bool = True
+    cache_reuse: int = DEFAULT_CACHE_REUSE
 
     def identity(self, binary: Path) -> dict[str, Any]:
         return {

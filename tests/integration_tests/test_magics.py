@@ -4,10 +4,11 @@ executed headlessly with nbclient."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from IPython.core.error import UsageError
 from IPython.testing import globalipapp
 
 from gguf_provider import chat as chat_module
+from gguf_provider import events, tools
 from gguf_provider.jupyter import commands, display
 from tests.support import make_notebook
 from tests.support.runtime import pid_alive
@@ -333,6 +335,179 @@ def test_editing_and_rerunning_a_notebook_cell_replaces_its_turn(ip: Any) -> Non
     ip.run_cell("%%gguf -t 0 -n 6\nSay B.", cell_id="cell-b")
     ip.run_cell("%%gguf -t 0 -n 6\nSay C instead.", cell_id="cell-a")  # cell-a edited and re-run
     assert [t.user for t in _magics(ip).models["smol"].history] == ["Say C instead.", "Say B."]
+
+
+# --- tool calls ---------------------------------------------------------------------------------------------------
+# SmolLM2 will not call a tool by itself. Under Qwen3's chat template (`<tool_call>` JSON), llama-server's own parser
+# makes a tool call of what the reply holds; the reply is made the call for real: the assistant turn is prefilled
+# with it (llama-server continues a last assistant message and returns it whole) and ``logit_bias`` on ``<|im_end|>``
+# makes the one token generated after it the end (as in test_healing_real.py). The magics take no prefill, so
+# ``force`` adds it to the request their own code path builds; what comes back goes through that path unchanged.
+
+ASK = "What is the weather in Paris?"
+PARIS = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+ROME = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+
+
+def get_weather(city: str) -> str:
+    """Current weather of a city.
+
+    Args:
+        city: The city's name.
+    """
+    return "18 °C"
+
+
+@pytest.fixture(scope="module")
+def tool_model(ip: Any, smollm2_path: Path, llama_src: Path) -> Iterator[str]:
+    """SmolLM2 loaded under Qwen3's chat template as ``qwen3t`` (``smol`` stays current)."""
+    template = llama_src / "models" / "templates" / "Qwen-Qwen3-0.6B.jinja"
+    ip.run_line_magic("gguf", f"load {smollm2_path} --ctx 2048 --as qwen3t --chat-template-file {template}")
+    ip.run_line_magic("gguf", "use smol")
+    yield "qwen3t"
+    try:
+        ip.run_line_magic("gguf", "unload qwen3t")
+    except UsageError:  # unloaded already (unload --all)
+        pass
+
+
+@pytest.fixture
+def force(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
+    """``force(text)``: the next %%gguf request's reply is ``text``, made by the server (see above)."""
+    real = commands.chat.stream
+    pending: list[str] = []
+
+    def forced(engine: Any, request: Any) -> Iterator[Any]:
+        if pending:
+            (end,) = engine.tokenize("<|im_end|>")
+            request = dataclasses.replace(
+                request, messages=[*request.messages, {"role": "assistant", "content": pending.pop()}],
+                params={**request.params, "logit_bias": [[end, 100.0]], "max_tokens": 1, "temperature": 0})
+        return real(engine, request)
+
+    monkeypatch.setattr(commands.chat, "stream", forced)
+    return pending.append
+
+
+def test_tool_call_streams_is_shown_and_kept_then_its_result_goes_back(
+        ip: Any, tool_model: str, force: Callable[[str], None], payloads: list[dict[str, Any]],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Terminal IPython: `--tools NAME` sends the function's schema; the server's tool call is printed as it ends,
+    is `_gguf_last.tool_calls` and stays in the history; `--tool-result` (no ID: the one waiting call) sends the cell
+    as the call's result, which the server renders in Qwen3's `<tool_response>` and answers."""
+    ip.user_ns["get_weather"] = get_weather
+    ip.run_line_magic("gguf", f"reset {tool_model}")
+    force(PARIS)
+    capsys.readouterr()
+    assert ip.run_cell_magic("gguf", f"{tool_model} --tools get_weather", ASK) is None
+    out = capsys.readouterr().out
+    reply = ip.user_ns["_gguf_last"]
+    assert [(c["name"], c["arguments"]) for c in reply.tool_calls] == [("get_weather", {"city": "Paris"})]
+    call_id = reply.tool_calls[0]["id"]
+    assert call_id and reply.text == "" and reply.done
+    line = f'[tool call] get_weather({{"city": "Paris"}})  # id: {call_id}'
+    assert out.count("[tool call]") == 1 and line in out and line in repr(reply), out
+    sent = payloads[-1]
+    assert sent["tools"] == [tools.function_tool(get_weather)] and sent["tool_choice"] == "auto"
+    assert sent["tools"][0]["function"]["parameters"]["properties"]["city"] == {
+        "type": "string", "description": "The city's name."}
+    engine = _magics(ip).models[tool_model].engine
+    raw = [ev for ev in engine.stream(sent) if isinstance(ev, events.ToolCallDelta)]
+    assert [ev.name for ev in raw] == ["get_weather"]  # llama-server's parser made the call, not our healing
+    turn = _magics(ip).models[tool_model].history[-1]
+    assert turn.user == ASK and turn.reply == "" and turn.tool_calls == reply.tool_calls
+    row = ip.run_line_magic("gguf", f"history {tool_model}").rows[-1]
+    assert row["model"] == '[tool call] get_weather({"city": "Paris"})'
+
+    ip.run_cell_magic("gguf", f"{tool_model} --tool-result -t 0 -n 8", "18 °C and sunny")
+    sent = payloads[-1]
+    assert [m["role"] for m in sent["messages"]] == ["user", "assistant", "tool"]
+    assistant, result = sent["messages"][1:]
+    assert assistant["content"] == "" and assistant["tool_calls"] == [
+        {"id": call_id, "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]
+    assert result == {"role": "tool", "tool_call_id": call_id, "name": "get_weather", "content": "18 °C and sunny"}
+    assert sent["tools"] == [tools.function_tool(get_weather)]  # the calling cell's tools, sent again
+    prompt = engine.client.apply_template({"messages": sent["messages"], "tools": sent["tools"]})
+    assert PARIS in prompt and "<tool_response>\n18 °C and sunny\n</tool_response>" in prompt
+    answer = ip.user_ns["_gguf_last"]
+    assert answer.done and answer.usage["input_tokens"] == engine.count_prompt_tokens(sent)
+    assert answer.tool_calls == [] and "[tool call]" not in repr(answer)
+    turn = _magics(ip).models[tool_model].history[-1]
+    assert (turn.tool_call_id, turn.user, turn.reply) == (call_id, "18 °C and sunny", answer.text)
+    row = ip.run_line_magic("gguf", f"history {tool_model}").rows[-1]
+    assert row["you"] == f"[tool result {call_id}] 18 °C and sunny"
+
+
+def test_parallel_calls_in_a_notebook_each_get_a_result(
+        ip: Any, tool_model: str, force: Callable[[str], None], payloads: list[dict[str, Any]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel (display updates): two calls are shown as Markdown; the first `--tool-result ID` is recorded
+    without asking the model, the second sends both results; re-running the calling cell drops results of calls it
+    no longer makes. A list of OpenAI tool dicts is a `--tools` value too."""
+    import IPython.display
+
+    shown: list[Any] = []
+
+    class Handle:
+        def update(self, obj: Any) -> None:
+            shown.append(obj._repr_markdown_())
+
+    monkeypatch.setattr(display, "_is_kernel", lambda shell: True)
+    monkeypatch.setattr(IPython.display, "display", lambda obj, display_id=False: Handle())
+    ip.user_ns["weather_tools"] = [tools.function_tool(get_weather)]
+    ip.run_line_magic("gguf", f"reset {tool_model}")
+    force(f"{PARIS}\n{ROME}")
+    ip.run_cell("%%gguf qwen3t --tools weather_tools\nWeather in Paris and Rome?", cell_id="calls")
+    reply = ip.user_ns["_gguf_last"]
+    assert [c["arguments"] for c in reply.tool_calls] == [{"city": "Paris"}, {"city": "Rome"}]
+    paris, rome = (c["id"] for c in reply.tool_calls)
+    assert f'**tool call** `get_weather({{"city": "Rome"}})` · id `{rome}`' in shown[-1]
+    with pytest.raises(UsageError, match="which call"):
+        ip.run_cell_magic("gguf", "qwen3t --tool-result", "18 °C")
+    with pytest.raises(UsageError, match="no call 'nope'"):
+        ip.run_cell_magic("gguf", "qwen3t --tool-result nope", "18 °C")
+    sent_before = len(payloads)
+    ip.run_cell(f"%%gguf qwen3t --tool-result {rome}\n25 °C", cell_id="rome")
+    assert len(payloads) == sent_before  # recorded, not asked: Paris has no result yet
+    assert _magics(ip).models[tool_model].history[-1].reply is None
+    ip.run_cell(f"%%gguf qwen3t --tool-result {paris} -t 0 -n 4\n18 °C", cell_id="paris")
+    sent = payloads[-1]["messages"]
+    assert [(m["role"], m.get("tool_call_id")) for m in sent] == [
+        ("user", None), ("assistant", None), ("tool", rome), ("tool", paris)]
+    prompt = _magics(ip).models[tool_model].engine.client.apply_template(
+        {"messages": sent, "tools": payloads[-1]["tools"]})
+    assert prompt.count("<tool_response>") == 2 and ip.user_ns["_gguf_last"].done
+    with pytest.raises(UsageError, match="the last reply of qwen3t made no tool call"):  # it answered
+        ip.run_cell_magic("gguf", "qwen3t --tool-result", "again")
+
+    force(PARIS)  # the calling cell re-run: one call, with a new id
+    ip.run_cell("%%gguf qwen3t --tools weather_tools\nWeather in Paris and Rome?", cell_id="calls")
+    history = _magics(ip).models[tool_model].history
+    assert [t.key for t in history] == ["calls"] and len(history[0].tool_calls) == 1
+
+
+def test_tool_flags_errors_and_tool_choice(ip: Any, tool_model: str, payloads: list[dict[str, Any]]) -> None:
+    ip.user_ns["not_a_tool"] = 42
+    ip.user_ns["get_weather"] = get_weather
+    ip.run_line_magic("gguf", f"reset {tool_model}")
+    with pytest.raises(UsageError, match="missing_tool is not defined"):
+        ip.run_cell_magic("gguf", "qwen3t --tools missing_tool", ASK)
+    with pytest.raises(UsageError, match="not_a_tool is a int, not a function"):
+        ip.run_cell_magic("gguf", "qwen3t --tools not_a_tool", ASK)
+    with pytest.raises(UsageError, match="give the tools with --tools"):
+        ip.run_cell_magic("gguf", "qwen3t --tool-choice required", ASK)
+    with pytest.raises(UsageError, match="'get_time' is not auto, none, required or a tool"):
+        ip.run_cell_magic("gguf", "qwen3t --tools get_weather --tool-choice get_time", ASK)
+    with pytest.raises(UsageError, match="-f json does not go with --tools"):
+        ip.run_cell_magic("gguf", "qwen3t --tools get_weather -f json", ASK)
+    with pytest.raises(UsageError, match="made no tool call"):
+        ip.run_cell_magic("gguf", "qwen3t --tool-result", "18 °C")
+    with pytest.raises(UsageError, match="drop --no-history"):
+        ip.run_cell_magic("gguf", "qwen3t --tool-result --no-history", "18 °C")
+    # A named choice is enforced by grammar (the chat layer's response_format); -n 1 only checks what is sent.
+    ip.run_cell_magic("gguf", "qwen3t --tools get_weather --tool-choice get_weather --no-history -n 1", ASK)
+    schema = payloads[-1]["response_format"]["json_schema"]["schema"]
+    assert schema["properties"]["name"] == {"const": "get_weather"}
 
 
 def test_second_model_quant_reset_by_name_and_unload_all(ip: Any, smollm2_path: Path) -> None:

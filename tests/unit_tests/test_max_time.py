@@ -90,6 +90,7 @@ class _Rambler:
     """An engine whose reply never writes a newline (llama-server checks t_max_predict_ms only at one)."""
 
     closed = False
+    props: dict[str, Any] = {}  # no chat template: no family
 
     def stream(self, payload: dict[str, Any], *, loop_guard: bool = True) -> Iterator[Event]:
         try:

@@ -31,7 +31,7 @@ EXTRA = {ChatGGUF: "model_kwargs", GGUFEmbeddings: "model_kwargs", GGUF: "additi
 # ends (magics, CLI) that draw it.
 INTERNAL = {"embedding", "rerank", "progress"}
 CHAT_ONLY = {"chat_template", "chat_template_file", "reasoning_format", "vision", "mmproj", "speculative",
-             "media_allow_hosts", "prompt_cache"}
+             "media_allow_hosts", "prompt_cache", "cache_reuse"}
 EMBEDDING_ONLY = {"pooling"}
 
 

@@ -1,6 +1,6 @@
 """The llama-server command line and the server identity, for a table of option sets, exactly as captured before
 the server options were declared in one place (gguf_provider/runtime/server_options.py): the refactor moved no flag
-and no identity hash.
+and no identity hash. Recaptured when `cache_reuse` joined (issue 31): `--cache-reuse` in chat argv, one more arg.
 
 Each case goes the whole way a config goes: ``EngineConfig`` → ``engine.resolve_spec`` (real local model files,
 written here) → ``ServerSpec.identity`` / ``family`` and ``build_argv`` for fixed build capabilities. The files live
@@ -40,7 +40,8 @@ CAPS = {
         "--jinja": True, "--no-webui": True, "--offline": True, "--kv-unified": True, "--api-key-file": True,
         "--spec-default": True, "--spec-type": True, "--spec-draft-model": True, "--model-draft": True,
         "--cache-type-k": True, "--cache-type-v": True, "--spec-draft-type-k": True, "--spec-draft-type-v": True,
-        "--flash-attn": True, "--rpc": True, "--mmproj": True, "--embedding": True, "--pooling": True},
+        "--flash-attn": True, "--rpc": True, "--mmproj": True, "--embedding": True, "--pooling": True,
+        "--cache-reuse": True},
         choices={"--spec-type": SPEC_TYPES, "--cache-type-k": CACHE, "--cache-type-v": CACHE,
                  "--flash-attn": ["on", "off", "auto"]}),
     "old": ServerCapabilities(path="/golden/bin/llama-server", version="b4000", flags={
@@ -86,6 +87,9 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
                                       {}),
     "mmproj": ({"mmproj": "mmproj.gguf"}, {}),
     "vision": ({"vision": True, "model_path": "vision/model.gguf"}, {}),
+    "cache_reuse-256": ({"cache_reuse": 256}, {}),
+    "cache_reuse-off": ({"cache_reuse": 0}, {}),
+    "cache_reuse-recurrent-model": ({}, {"recurrent": True}),
     "not-identity": ({"keep_alive": 0, "shared": False, "timeout": 5.0, "start_timeout": 9.0, "max_retries": 0,
                       "llama_server": "/elsewhere/llama-server"}, {}),
     "everything": ({"n_ctx": 8192, "n_gpu_layers": 99, "n_parallel": 2, "chat_template_file": "/golden/t.jinja",
@@ -139,7 +143,7 @@ def compute(name: str) -> dict[str, Any]:
     key_file = call.get("api_key_file")
     argv = build_argv(spec, binary, CAPS[call.get("caps", "new")], "gguf-provider-golden", call.get("n_ctx", 4096),
                       ADDRESSES[call.get("address", "socket")], Path(key_file) if key_file else None,
-                      header_pooling=call.get("header_pooling"))
+                      header_pooling=call.get("header_pooling"), recurrent=call.get("recurrent", False))
     return {"argv": argv, "identity": ident,
             "key": hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24],
             "family": spec.family(binary)}
@@ -172,6 +176,10 @@ def test_the_cases_differ_where_they_should(golden: dict[str, Any]) -> None:
     assert golden["not-identity"]["key"] == golden["defaults"]["key"]
     assert golden["n_ctx"]["family"] == golden["defaults"]["family"] != golden["n_gpu_layers"]["family"]
     assert golden["n_ctx"]["key"] != golden["defaults"]["key"]
+    # cache reuse: on by default where the build has it, another server when off
+    assert golden["defaults"]["argv"][-3:-1] == ["--cache-reuse", "64"]
+    assert "--cache-reuse" not in golden["cache_reuse-off"]["argv"] + golden["defaults-old-build"]["argv"]
+    assert golden["cache_reuse-off"]["family"] != golden["defaults"]["family"]
 
 
 def main(argv: list[str]) -> int:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gguf_provider.chat import ChatRequest, EventProcessor, normalize_tool_choice, reasoning_kwargs
+from gguf_provider.chat import ChatRequest, EventProcessor, normalize_tool_choice
 from gguf_provider.events import Collector, Finish, TextDelta, ToolCallDelta
 from gguf_provider.tools import could_be_tool_call, forced_schema, heal_tool_calls, parse_forced
 
@@ -126,16 +126,6 @@ def test_payload_per_tool_choice() -> None:
     named = _payload({"type": "function", "function": {"name": "add"}})
     assert [t["function"]["name"] for t in named["tools"]] == ["add"]  # type: ignore[attr-defined]
     assert named["response_format"]["json_schema"]["schema"]["properties"]["name"] == {"const": "add"}  # type: ignore[index]
-
-
-def test_reasoning_switch() -> None:
-    assert reasoning_kwargs(None) == {}
-    assert reasoning_kwargs(False) == {"enable_thinking": False}
-    assert reasoning_kwargs("high") == {"enable_thinking": True, "reasoning_effort": "high"}
-    body = ChatRequest(messages=[], reasoning=False).payload()
-    assert body["chat_template_kwargs"] == {"enable_thinking": False}
-    with pytest.raises(ValueError):
-        reasoning_kwargs("max")  # type: ignore[arg-type]
 
 
 def _run(request: ChatRequest, texts: list[str]) -> tuple[list[object], object]:
