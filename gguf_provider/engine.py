@@ -18,7 +18,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Seque
 from contextlib import aclosing, closing, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
@@ -35,10 +35,15 @@ from .errors import (
 from .events import Collector, Completion, Event
 from .loops import LoopGuard
 from .runtime import diagnose, prompt_cache, server_options
-from .runtime import manager as mgr
 from .runtime.diagnose import rpc_lost as rpc_lost  # importable from here as before
+from .runtime.health import DEFAULT_START_TIMEOUT
 from .runtime.progress import Progress
 from .runtime.server_options import validate_cache_type as validate_cache_type  # its home before
+
+if TYPE_CHECKING:
+    # The server manager (and what it needs to start servers: install, plan, budget, ...) loads at the first load():
+    # importing an adapter does not pay for it.
+    from .runtime import manager as mgr
 
 DEFAULT_TIMEOUT = 600.0  # local models can be slow: 30 s defaults are a known complaint
 T = TypeVar("T")
@@ -90,7 +95,7 @@ class EngineConfig:
     keep_alive: float | None = None  # None: $GGUF_PROVIDER_KEEP_ALIVE or 300 s
     shared: bool = True
     timeout: float = DEFAULT_TIMEOUT
-    start_timeout: float = mgr.DEFAULT_START_TIMEOUT
+    start_timeout: float = DEFAULT_START_TIMEOUT
     offline: bool | None = None
     max_retries: int = 2  # retries of a call whose server crashed or could not be reached
     progress: Progress | None = field(default=None, compare=False, hash=False)
@@ -112,7 +117,7 @@ class EngineConfig:
                 object.__setattr__(self, option.name, option.normalize(getattr(self, option.name)))
 
 
-def resolve_spec(cfg: EngineConfig) -> mgr.ServerSpec:
+def resolve_spec(cfg: EngineConfig) -> server_options.ServerSpec:
     """The server spec of ``cfg``: the model resolved (found, or downloaded), with its projector when ``mmproj`` is
     given (checked to be a projector file) or ``vision`` asks for the one beside the model or in its repo."""
     from .runtime import speculative
@@ -131,8 +136,9 @@ def resolve_spec(cfg: EngineConfig) -> mgr.ServerSpec:
         speculative.check_draft(resolved.path, draft)  # before anything starts
         mode = speculative.DRAFT
     # The declared options as the config has them, then the resolved ones (server_options.OPTIONS says which).
-    return mgr.ServerSpec(model=resolved.path, shards=tuple(resolved.shards), mmproj=resolved.mmproj, speculative=mode,
-                          draft_model=draft, draft_shards=draft_shards, **server_options.spec_values(cfg))
+    return server_options.ServerSpec(model=resolved.path, shards=tuple(resolved.shards), mmproj=resolved.mmproj,
+                                     speculative=mode, draft_model=draft, draft_shards=draft_shards,
+                                     **server_options.spec_values(cfg))
 
 
 class Engine:
@@ -159,6 +165,8 @@ class Engine:
     # lifecycle ----------------------------------------------------------------------------------------------
 
     def load(self) -> mgr.ServerInfo:
+        from .runtime import manager as mgr
+
         with self._lock:
             if self._info is not None and (self._lease is None or self._info.alive()):
                 return self._info
@@ -521,8 +529,8 @@ class Engine:
         n_ctx = self.n_ctx
         if self._lease is None:
             return n_ctx
-        ubatch = mgr.user_ubatch(self.config.server_args)
-        return min(n_ctx, ubatch if ubatch is not None else mgr.EMBED_UBATCH_MAX)
+        ubatch = server_options.user_ubatch(self.config.server_args)
+        return min(n_ctx, ubatch if ubatch is not None else server_options.EMBED_UBATCH_MAX)
 
     def with_config(self, **changes: Any) -> Engine:
         return Engine(replace(self.config, **changes), transport=self.transport)

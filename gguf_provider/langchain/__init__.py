@@ -7,8 +7,23 @@ except ModuleNotFoundError as exc:
     raise ImportError(f"gguf_provider.langchain needs langchain-core ({exc}): "
                       "pip install 'gguf-provider[langchain]'") from exc
 
-from .chat_models import ChatGGUF
-from .embeddings import GGUFEmbeddings
-from .rerank import GGUFRerank
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .chat_models import ChatGGUF
+    from .embeddings import GGUFEmbeddings
+    from .rerank import GGUFRerank
+
+# Each adapter loads on first access: ``from gguf_provider import ChatGGUF`` does not build the other two.
+_MODULES = {"ChatGGUF": "chat_models", "GGUFEmbeddings": "embeddings", "GGUFRerank": "rerank"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["ChatGGUF", "GGUFEmbeddings", "GGUFRerank"]

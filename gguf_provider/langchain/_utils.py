@@ -19,6 +19,7 @@ from langchain_core.messages import (
 )
 from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
 from langchain_core.outputs import ChatGeneration, Generation
+from pydantic import ConfigDict
 
 
 def _content(content: str | list[Any]) -> str | list[dict[str, Any]]:
@@ -118,6 +119,8 @@ def _refuse_truncated(result: list[Generation]) -> None:
 class CompleteJsonOutputParser(JsonOutputParser):
     """``JsonOutputParser`` that refuses a reply cut off by ``max_tokens`` (streamed partial objects still flow)."""
 
+    model_config = ConfigDict(defer_build=True)  # only structured output uses it: its schema at first use
+
     def parse_result(self, result: list[Generation], *, partial: bool = False) -> Any:
         if not partial:
             _refuse_truncated(result)
@@ -126,6 +129,8 @@ class CompleteJsonOutputParser(JsonOutputParser):
 
 class CompletePydanticOutputParser(PydanticOutputParser):  # type: ignore[type-arg]
     """``PydanticOutputParser`` that refuses a reply cut off by ``max_tokens``."""
+
+    model_config = ConfigDict(defer_build=True)
 
     def parse_result(self, result: list[Generation], *, partial: bool = False) -> Any:
         if not partial:

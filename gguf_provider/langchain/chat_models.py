@@ -23,7 +23,7 @@ from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
-from pydantic import BaseModel, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from typing_extensions import Self
 
 from .. import chat
@@ -50,6 +50,10 @@ class ChatGGUF(BaseChatModel, ChatOptions, LangChainExtras):
             for chunk in llm.stream("Why is the sky blue?"):
                 print(chunk.content, end="", flush=True)
     """
+
+    # The option groups defer their schemas (gguf_provider.options); an adapter builds its own at import, as a
+    # pydantic model does.
+    model_config = ConfigDict(defer_build=False)
 
     streaming: bool = Field(default=False, description=(
         "Make `invoke` stream internally (callbacks see each token); `stream` always streams."))

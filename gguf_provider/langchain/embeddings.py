@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from langchain_core.embeddings import Embeddings
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from ..options import EmbeddingOptions, LangChainExtras
 
@@ -19,6 +19,8 @@ class GGUFEmbeddings(EmbeddingOptions, LangChainExtras, Embeddings):
             emb = GGUFEmbeddings(model="SmolLM2-135M-Instruct")
             vectors = emb.embed_documents(["hello", "world"])
     """
+
+    model_config = ConfigDict(defer_build=False)  # built at import (the option groups defer theirs)
 
     batch_size: int = Field(default=32, description="Texts sent per request.")
 

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from langchain_core.callbacks import Callbacks
 from langchain_core.documents import BaseDocumentCompressor, Document
+from pydantic import ConfigDict
 
 from ..client import RerankResult
 from ..options import LangChainExtras, RerankOptions
@@ -24,6 +25,8 @@ class GGUFRerank(RerankOptions, LangChainExtras, BaseDocumentCompressor):
             reranker = GGUFRerank(model="gpustack/bge-reranker-v2-m3-GGUF:Q8_0", top_n=3)
             retriever = ContextualCompressionRetriever(base_compressor=reranker, base_retriever=retriever)
     """
+
+    model_config = ConfigDict(defer_build=False)  # built at import (the option groups defer theirs)
 
     def compress_documents(self, documents: Sequence[Document], query: str,
                            callbacks: Callbacks | None = None) -> Sequence[Document]:

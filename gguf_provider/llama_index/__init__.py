@@ -8,8 +8,23 @@ except ModuleNotFoundError as exc:
     raise ImportError(f"gguf_provider.llama_index needs llama-index-core ({exc}): "
                       "pip install 'gguf-provider[llama-index]'") from exc
 
-from .embeddings import GGUFEmbedding
-from .llms import GGUF
-from .postprocessor import GGUFRerankPostprocessor
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .embeddings import GGUFEmbedding
+    from .llms import GGUF
+    from .postprocessor import GGUFRerankPostprocessor
+
+# Each adapter loads on first access: ``from gguf_provider import GGUF`` does not build the other two.
+_MODULES = {"GGUF": "llms", "GGUFEmbedding": "embeddings", "GGUFRerankPostprocessor": "postprocessor"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["GGUF", "GGUFEmbedding", "GGUFRerankPostprocessor"]

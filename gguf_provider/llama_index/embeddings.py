@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
-from llama_index.core.bridge.pydantic import Field
+from llama_index.core.bridge.pydantic import ConfigDict, Field
 
 from ..options import EmbeddingOptions, LlamaIndexExtras
 
@@ -21,6 +21,8 @@ class GGUFEmbedding(BaseEmbedding, EmbeddingOptions, LlamaIndexExtras):
 
             Settings.embed_model = GGUFEmbedding(model="SmolLM2-135M-Instruct")
     """
+
+    model_config = ConfigDict(defer_build=False)  # built at import (the option groups defer theirs)
 
     query_instruction: str | None = Field(default=None, description="Prefix for queries (e.g. `query: `).")
     text_instruction: str | None = Field(default=None, description="Prefix for documents (e.g. `passage: `).")

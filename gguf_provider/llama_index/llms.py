@@ -22,7 +22,7 @@ from llama_index.core.base.llms.types import (
     MessageRole,
     ToolCallBlock,
 )
-from llama_index.core.bridge.pydantic import BaseModel, Field
+from llama_index.core.bridge.pydantic import BaseModel, ConfigDict, Field
 from llama_index.core.constants import DEFAULT_NUM_OUTPUTS
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
@@ -59,6 +59,8 @@ class GGUF(FunctionCallingLLM, ChatOptions, LlamaIndexExtras):
             for r in llm.stream_complete("Why is the sky blue?"):
                 print(r.delta, end="", flush=True)
     """
+
+    model_config = ConfigDict(defer_build=False)  # built at import (the option groups defer theirs)
 
     context_window: int | None = Field(default=None, description=(
         "Override `metadata.context_window` (default: the server's effective context)."))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from llama_index.core.bridge.pydantic import ConfigDict
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
@@ -22,6 +23,8 @@ class GGUFRerankPostprocessor(BaseNodePostprocessor, RerankOptions, LlamaIndexEx
             reranker = GGUFRerankPostprocessor(model="gpustack/bge-reranker-v2-m3-GGUF:Q8_0", top_n=3)
             engine = index.as_query_engine(similarity_top_k=10, node_postprocessors=[reranker])
     """
+
+    model_config = ConfigDict(defer_build=False)  # built at import (the option groups defer theirs)
 
     @classmethod
     def class_name(cls) -> str:

@@ -16,6 +16,9 @@ from . import process
 from .process import Address
 from .progress import Progress
 
+DEFAULT_START_TIMEOUT = 600.0
+"""Seconds a starting server has to load its model and answer ``/health``."""
+
 
 class Proc(Protocol):
     """A spawned server process, as much of it as the manager looks at."""

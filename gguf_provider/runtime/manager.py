@@ -47,6 +47,7 @@ from . import speculative as speculative_mod
 from .argv import build_argv
 from .budget import MemoryBudget, fit_memory, local_share
 from .gguf import GGUFHeader
+from .health import DEFAULT_START_TIMEOUT as DEFAULT_START_TIMEOUT  # its home before
 from .health import HTTPHealth, Proc, props_n_ctx, read_props, speculating
 from .process import Address
 from .progress import Progress
@@ -62,7 +63,6 @@ from .server_options import (  # their home before server_options.py and argv.py
 
 DEFAULT_KEEP_ALIVE = 300.0
 """Seconds a shared server outlives its last client; ``$GGUF_PROVIDER_KEEP_ALIVE`` overrides it."""
-DEFAULT_START_TIMEOUT = 600.0
 
 logger = logging.getLogger(__name__)  # (`log` is the server's log file in _spawn)
 
