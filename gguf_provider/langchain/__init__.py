@@ -7,7 +7,9 @@ except ModuleNotFoundError as exc:
     raise ImportError(f"gguf_provider.langchain needs langchain-core ({exc}): "
                       "pip install 'gguf-provider[langchain]'") from exc
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy import module_getattr
 
 if TYPE_CHECKING:
     from .chat_models import ChatGGUF
@@ -18,12 +20,6 @@ if TYPE_CHECKING:
 _MODULES = {"ChatGGUF": "chat_models", "GGUFEmbeddings": "embeddings", "GGUFRerank": "rerank"}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _MODULES:
-        import importlib
-
-        return getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+__getattr__ = module_getattr(__name__, _MODULES)
 
 __all__ = ["ChatGGUF", "GGUFEmbeddings", "GGUFRerank"]

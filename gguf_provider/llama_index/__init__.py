@@ -8,7 +8,9 @@ except ModuleNotFoundError as exc:
     raise ImportError(f"gguf_provider.llama_index needs llama-index-core ({exc}): "
                       "pip install 'gguf-provider[llama-index]'") from exc
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy import module_getattr
 
 if TYPE_CHECKING:
     from .embeddings import GGUFEmbedding
@@ -19,12 +21,6 @@ if TYPE_CHECKING:
 _MODULES = {"GGUF": "llms", "GGUFEmbedding": "embeddings", "GGUFRerankPostprocessor": "postprocessor"}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _MODULES:
-        import importlib
-
-        return getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+__getattr__ = module_getattr(__name__, _MODULES)
 
 __all__ = ["GGUF", "GGUFEmbedding", "GGUFRerankPostprocessor"]
