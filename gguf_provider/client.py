@@ -11,15 +11,19 @@ import math
 import weakref
 from collections.abc import AsyncGenerator, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from .errors import APIError
 from .events import Event, Finish, ReasoningDelta, TextDelta, Timings, ToolCallDelta, Usage
+from .lazy import LazyModule
 from .runtime.diagnose import bounded_repr as _short
 from .runtime.diagnose import error_from_body, transport_error
 from .runtime.process import Address
+
+if TYPE_CHECKING:
+    import httpx
+else:
+    httpx = LazyModule("httpx")  # imported at first use (bench P3)
 
 # --- errors ----------------------------------------------------------------------------------------------------
 # What a failure means is runtime/diagnose.py's table; error_from_body stays importable from here.
@@ -161,7 +165,8 @@ class EngineClient:
     def http(self) -> httpx.Client:
         if self._client is None:
             self._client = httpx.Client(base_url=self.address.base_url, transport=self.address.transport(),
-                                        headers=self.address.headers(), timeout=self.timeout)
+                                        headers=self.address.headers(), timeout=self.timeout,
+                                        verify=self.address.verify)
         return self._client
 
     @property
@@ -171,7 +176,8 @@ class EngineClient:
         client = self._aclients.get(loop)
         if client is None:
             client = httpx.AsyncClient(base_url=self.address.base_url, transport=self.address.async_transport(),
-                                       headers=self.address.headers(), timeout=self.timeout)
+                                       headers=self.address.headers(), timeout=self.timeout,
+                                       verify=self.address.verify)
             self._aclients[loop] = client
         return client
 

@@ -20,8 +20,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import httpx
-
 from . import limits, media
 from .client import EngineClient
 from .client import RerankResult as RerankResult  # the result type of Engine.rerank
@@ -33,6 +31,7 @@ from .errors import (
     ServerCrashedError,
 )
 from .events import Collector, Completion, Event
+from .lazy import LazyModule
 from .loops import LoopGuard
 from .runtime import diagnose, prompt_cache, server_options
 from .runtime.diagnose import rpc_lost as rpc_lost  # importable from here as before
@@ -41,14 +40,19 @@ from .runtime.progress import Progress
 from .runtime.server_options import validate_cache_type as validate_cache_type  # its home before
 
 if TYPE_CHECKING:
+    import httpx
+
     # The server manager (and what it needs to start servers: install, plan, budget, ...) loads at the first load():
     # importing an adapter does not pay for it.
     from .runtime import manager as mgr
 
+    Transport = httpx.BaseTransport | httpx.AsyncBaseTransport
+else:
+    httpx = LazyModule("httpx")  # imported at first use (bench P3)
+
 DEFAULT_TIMEOUT = 600.0  # local models can be slow: 30 s defaults are a known complaint
 T = TypeVar("T")
 log = logging.getLogger(__name__)
-Transport = httpx.BaseTransport | httpx.AsyncBaseTransport
 API_KEY_ENV = "GGUF_PROVIDER_API_KEY"  # the key of an attached server, kept off command lines and code
 # Documents per /v1/rerank request. The server scores a request's pairs n_parallel at a time either way, so batches
 # cost next to nothing (256 pairs of 40-120 words, the test reranker on 2 CPU cores, medians of 3: 8.8 s in one

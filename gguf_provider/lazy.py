@@ -1,4 +1,5 @@
-"""Attributes of a package that load their module on first access (so importing one adapter builds only it)."""
+"""Imports deferred to first use: attributes of a package that load their module on first access (so importing one
+adapter builds only it), and a stand-in for a module used only once a server is talked to."""
 
 from __future__ import annotations
 
@@ -16,3 +17,15 @@ def module_getattr(package: str, modules: dict[str, str]) -> Callable[[str], Any
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
     return __getattr__
+
+
+class LazyModule:
+    """A stand-in for module ``name``: the module is imported at the first attribute read. For httpx, which costs
+    about a third of ``from gguf_provider import ChatGGUF`` (its CLI's click/rich/pygments, when installed) and is
+    needed only once a server is asked something (bench P3). Type checkers see the real module (``TYPE_CHECKING``)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(importlib.import_module(self._name), attr)

@@ -35,12 +35,16 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
-import httpx
-
 from .errors import MediaFetchError, MediaURLRefusedError, UnsupportedInputError
+from .lazy import LazyModule
+
+if TYPE_CHECKING:
+    import httpx
+else:
+    httpx = LazyModule("httpx")  # imported at first use (bench P3)
 
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
 """The largest image fetched from a URL (bytes, before base64)."""

@@ -21,9 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal, Protocol
-
-import httpx
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ..errors import (
     APIError,
@@ -37,7 +35,13 @@ from ..errors import (
     ServerStartError,
     ServerTimeoutError,
 )
+from ..lazy import LazyModule
 from . import rpc
+
+if TYPE_CHECKING:
+    import httpx
+else:
+    httpx = LazyModule("httpx")  # imported at first use (bench P3)
 
 Kind = Literal["start", "crash", "answer", "transport"]
 """``start``: the log of a server that exited or never became healthy while starting; ``crash``: the log of a
@@ -225,7 +229,8 @@ TABLE: tuple[Rule, ...] = (
     Rule("context-filled", "answer", ContextOverflowError, _context_filled,
          message=re.compile(r"Context size has been exceeded")),
     # A hung server must never hang the caller silently.
-    Rule("timeout", "transport", ServerTimeoutError, _timeout, exc=httpx.TimeoutException),
+    Rule("timeout", "transport", ServerTimeoutError, _timeout,
+         when=lambda f: isinstance(f.exc, httpx.TimeoutException)),  # not exc=: httpx loads at first use
 )
 
 

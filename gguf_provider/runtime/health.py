@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import httpx
-
+from ..lazy import LazyModule
 from . import process
 from .process import Address
 from .progress import Progress
+
+if TYPE_CHECKING:
+    import httpx
+else:
+    httpx = LazyModule("httpx")  # imported at first use (bench P3)
 
 DEFAULT_START_TIMEOUT = 600.0
 """Seconds a starting server has to load its model and answer ``/health``."""

@@ -14,13 +14,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-import httpx
 import psutil
 
 from ..errors import ServerStartError
+from ..lazy import LazyModule
 from .progress import Progress
+
+if TYPE_CHECKING:
+    import httpx
+else:
+    httpx = LazyModule("httpx")  # imported at first use (bench P3)
 
 LOG_TAIL_LINES = 50
 
@@ -45,19 +50,26 @@ class Address:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
+    @property
+    def verify(self) -> bool:
+        """Whether a client needs the CA bundle: not for a Unix socket or an http:// URL, which carry no TLS. httpx
+        loads the bundle for every transport it makes, verified or not used (~25 ms each, several per cold start:
+        bench P3), unless told there is nothing to verify."""
+        return not (self.socket or (self.url or "").startswith("http://"))
+
     def transport(self) -> httpx.BaseTransport | None:
         if isinstance(self.injected, httpx.BaseTransport):
             return self.injected
-        return httpx.HTTPTransport(uds=self.socket) if self.socket else None
+        return httpx.HTTPTransport(uds=self.socket, verify=False) if self.socket else None
 
     def async_transport(self) -> httpx.AsyncBaseTransport | None:
         if isinstance(self.injected, httpx.AsyncBaseTransport):
             return self.injected
-        return httpx.AsyncHTTPTransport(uds=self.socket) if self.socket else None
+        return httpx.AsyncHTTPTransport(uds=self.socket, verify=False) if self.socket else None
 
     def client(self, timeout: float = 5.0) -> httpx.Client:
         return httpx.Client(base_url=self.base_url, transport=self.transport(), headers=self.headers(),
-                            timeout=timeout)
+                            timeout=timeout, verify=self.verify)
 
 
 def clean_env() -> dict[str, str]:
@@ -183,6 +195,9 @@ def spawn(argv: list[str], log_path: Path, *, private: bool) -> subprocess.Popen
 
 
 HealthOutcome = Literal["healthy", "exited", "timeout"]
+# /health every 5 ms for the first seconds (a small model is ready in under one: a slower poll was cold-start
+# latency, bench P3), then backing off to 50 ms for the long loads of big models.
+FAST_POLL, FAST_POLL_FOR = 0.005, 3.0
 
 
 def poll_health(address: Address, *, timeout: float, exited: Callable[[], bool],
@@ -190,7 +205,7 @@ def poll_health(address: Address, *, timeout: float, exited: Callable[[], bool],
     """Poll ``/health`` until it answers 200, ``exited()`` says the server is gone, or ``timeout`` seconds pass.
     ``waiting`` gets the seconds waited so far after each try. The caller turns the outcome into its own error."""
     start = time.monotonic()
-    delay = 0.02
+    delay = FAST_POLL
     with address.client(timeout=2.0) as client:
         while True:
             if exited():
@@ -206,7 +221,8 @@ def poll_health(address: Address, *, timeout: float, exited: Callable[[], bool],
             if elapsed > timeout:
                 return "timeout"
             time.sleep(delay)
-            delay = min(delay * 1.5, 0.05)  # a slower poll showed up as cold-start latency (bench P3)
+            if elapsed > FAST_POLL_FOR:
+                delay = min(delay * 1.5, 0.05)
 
 
 def wait_healthy(proc: subprocess.Popen[bytes] | None, pid: int, address: Address, log_path: Path, *,

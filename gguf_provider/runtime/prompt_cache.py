@@ -32,13 +32,17 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from ..errors import PromptCacheWarning
+from ..lazy import LazyModule
 from . import paths
 from .process import Address
+
+if TYPE_CHECKING:
+    import httpx
+else:
+    httpx = LazyModule("httpx")  # imported at first use (bench P3)
 
 ENV = "GGUF_PROVIDER_PROMPT_CACHE_SIZE"
 DEFAULT_SIZE = "2G"

@@ -19,6 +19,7 @@ CALL_TIME = (
     "gguf_provider.runtime.models", "gguf_provider.runtime.budget", "gguf_provider.runtime.plan",
     "gguf_provider.runtime.registry", "gguf_provider.runtime.devices",
     "huggingface_hub", "filelock", "tarfile", "tqdm",
+    "httpx",  # only once a server is asked something (with its CLI's click/rich/pygments when installed)
 )
 
 

@@ -45,6 +45,25 @@ def test_poll_health_says_when_the_server_is_gone_or_late() -> None:
     assert process.poll_health(address, timeout=0.05, exited=lambda: False) == "timeout"
 
 
+def test_poll_health_polls_fast_while_a_small_model_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every 5 ms for the first seconds (a slower poll was cold-start latency, bench P3), then backing off."""
+    slept: list[float] = []
+    monkeypatch.setattr(process.time, "sleep", slept.append)
+    clock = iter(range(0, 10_000))  # one second a call: the fast phase ends after 3
+    monkeypatch.setattr(process.time, "monotonic", lambda: float(next(clock)))
+    address, _ = _answers(*[503] * 6)
+    assert process.poll_health(address, timeout=60, exited=lambda: False) == "healthy"
+    assert slept[:3] == [process.FAST_POLL] * 3 and slept[3] == process.FAST_POLL and slept[4] > slept[3]
+
+
+def test_plain_http_addresses_load_no_ca_bundle() -> None:
+    """A Unix socket or an http:// URL carries no TLS: httpx must not load the CA bundle for each client (~25 ms a
+    client, several per cold start); an https:// base URL keeps verification."""
+    assert not process.Address(socket="/tmp/x.sock").verify
+    assert not process.Address(url="http://127.0.0.1:8080").verify
+    assert process.Address(url="https://models.example.com").verify
+
+
 def test_wait_healthy_raises_with_the_log_tail(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     log.write_text("loading\nerror: out of memory\n")
