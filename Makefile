@@ -57,14 +57,19 @@ setup-vulkan: setup-test
 test-vulkan: setup-vulkan
 	GGUF_PROVIDER_TESTS_STRICT=1 $(VENV)/bin/pytest tests/vulkan_tests -s
 
+# The peers (llama-cpp-python from our pinned sdist, sentence-transformers on CPU torch) go in before the extra,
+# so that pip finds them satisfied rather than building or fetching its own.
 $(VENV)/.stamp-bench: pyproject.toml | $(VPY)
+	$(VPY) -m pip install -q -e ".[all,test]"
+	$(VPY) scripts/bench_peers.py
 	$(VPY) -m pip install -q -e ".[all,test,bench]"
 	touch $@
 
 # Benchmarks (not part of `make test`): writes docs/benchmarks.md, docs/benchmarks.png and bench/results.json.
 bench: $(VENV)/.stamp-bench
 	$(CLI) server install
-	$(VPY) scripts/test_models.py smollm2 qwen
+	$(VPY) scripts/test_models.py smollm2 qwen minilm coder15
+	$(VPY) scripts/bench_peers.py minilm
 	$(VPY) bench/run.py
 
 lint: $(VENV)/.stamp-test

@@ -15,7 +15,7 @@ N_CTX, N_PARALLEL = 8192, 4
 BATCH, BATCH_TOKENS = 4, 128  # P5: requests in a batch, tokens in each reply
 MORE = 4  # rounds added at a time while a verdict straddles its goal
 TOKENS = 256  # tokens in each P1/P2 stream, unless BENCH_TOKENS says otherwise
-SCENARIOS = "p1,p3,p4,p5,p6,p7,p8,p9,p17,p18"  # what BENCH_ONLY picks from (p2 runs with p1)
+SCENARIOS = "p1,p3,p4,p5,p6,p7,p8,p9,p17,p18,p11,p12,p13,p14,p15,p16"  # what BENCH_ONLY picks from (p2 runs with p1)
 
 GOALS = {
     "p1": Goal(">=", 0.99),  # stream throughput ÷ the framework's floor, server time taken out (ServerLog)
@@ -33,7 +33,22 @@ GOALS = {
     "p17": Goal("<=", 0.2),  # first-turn TTFT after a stop and start, 2,000-token system prompt: restored ÷ cold
     # prompt tokens evaluated in the turn whose history was summarised (or trimmed), cache reuse ÷ without (issue 31)
     "p18": Goal("<=", 0.5),
+    # against the peers users pick instead (issue 34): llama-cpp-python in process, sentence-transformers
+    "p3_cold": Goal("<=", 1.05),  # cold start to the first token, ours ÷ bare llama-server
+    "p3_import": Goal("<=", 1.2),  # import time ÷ the framework's own import
+    "p11": Goal(">=", 0.97),  # one stream's decode tok/s, ours ÷ theirs, same model, threads, context, greedy
+    "p12": Goal(">=", 2.0),  # four requests at once, aggregate tok/s, ours ÷ theirs
+    "p13": Goal("<=", 0.8),  # total PSS of two processes using one model, ours (+ the shared server) ÷ theirs
+    "p14_shared": Goal("<=", 0.5),  # first token of a fresh process's first call, a server already shared ÷ theirs
+    "p15": Goal(">=", 1.5),  # embed_documents docs/s, GGUFEmbeddings ÷ HuggingFaceEmbeddings
+    "p15_cosine": Goal(">=", 0.99),  # the lowest cosine between our vector and sentence-transformers' of a chunk
+    "p15_top5": Goal(">=", 0.95),  # share of queries whose top-5 chunks are the same
+    "p16_edit": Goal(">=", 2.0),  # code-edit decode tok/s, a draft model ÷ speculation off
+    "p16_chat": Goal(">=", 1.0),  # chat decode tok/s, a draft model ÷ speculation off
 }
+# P11-P16: llama.cpp threads of ours and theirs alike. One: llama-cpp-python's own default on 2 cores (half the
+# cores), and with two threads beside other work llama.cpp's threads stall at their barriers (NOTES: Pinning).
+PEER_THREADS = 1
 
 
 @dataclass(frozen=True)
@@ -51,6 +66,7 @@ class Config:
     tokens: int = TOKENS
     port: int = 18731
     threads: int = 1  # llama-server threads: one generation thread on its own core, the clients get the others
+    peer_threads: int = PEER_THREADS  # P11-P16: llama.cpp threads of ours and of the peers alike
     only: frozenset[str] = frozenset(SCENARIOS.split(","))
     out: Path | None = None  # a directory for the report instead of docs/ and bench/
 
@@ -67,6 +83,7 @@ class Config:
             tokens=int(env.get("BENCH_TOKENS", str(TOKENS))),
             port=int(env.get("BENCH_PORT", "18731")),
             threads=int(env.get("BENCH_THREADS", "1")),
+            peer_threads=int(env.get("BENCH_PEER_THREADS", str(PEER_THREADS))),
             only=frozenset(s.strip() for s in env.get("BENCH_ONLY", SCENARIOS).split(",") if s.strip()),
             out=Path(env["BENCH_OUT"]) if env.get("BENCH_OUT") else None,
         )

@@ -67,6 +67,13 @@ def rows(res: dict[str, Any]) -> list[Row]:
             add("P3 cold start to first token", "gguf_provider (private server)", c["ours_ms"], 0, " ms")
             add("P3 cold start to first token", "bare llama-server, 5 ms /health poll", c["bare_ms"], 0, " ms")
             add("P3 cold start ours ÷ bare", "", c["ratio"])
+        if "import" in res["p3"]:
+            i = res["p3"]["import"]
+            add("P3 import time ÷ `import langchain_core.language_models`", "`import gguf_provider`", i["package_ratio"])
+            add("P3 import time ÷ `import langchain_core.language_models`", "`from gguf_provider import ChatGGUF`",
+                i["chat_ratio"])
+            add("P3 import time ÷ `from langchain_core.language_models import BaseChatModel`",
+                "`from gguf_provider import ChatGGUF`", i["chat_base_ratio"])
     if "p4" in res:
         add(f"P4 TTFT turn N ({res['p4']['prompt_tokens']}-token history) ÷ same prompt cold", "ChatGGUF",
             res["p4"]["ratio"])
@@ -104,10 +111,52 @@ def rows(res: dict[str, Any]) -> list[Row]:
         for mode, what in MODES.items():
             add(f"P18 turns {turn}–{last} prompt tokens, cache reuse ÷ without: {what}", "ChatGGUF",
                 p[mode]["after_change"], 3)
+    for metric, what, summ, digits, unit in peer_rows(res):
+        add(metric, what, summ, digits, unit)
     if "p6" in res:
         add(f"P6 GGUF header: gguf.GGUFReader time ÷ ours ({res['p6']['model']})", "read_header",
             res["p6"]["speedup"], 0, "x")
     return out
+
+
+PeerRow = tuple[str, str, dict[str, Any], int, str]
+
+
+def measured(res: dict[str, Any]) -> dict[str, Any]:
+    """``res`` without the scenarios that failed (their error is in results.json and the run's log)."""
+    return {k: v for k, v in res.items() if not (isinstance(v, dict) and "error" in v)}
+
+
+def peer_rows(res: dict[str, Any]) -> list[PeerRow]:
+    """P11-P16's rows, from their scenario modules."""
+    from bench.scenarios import draft, embeddings, peer_start, peers
+
+    res = measured(res)
+
+    p11 = {**res["p11"], "defaults": res.get("p11_defaults", {})} if "p11" in res else None
+    out: list[PeerRow] = peers.rows(p11, res.get("p12"))
+    if "p13" in res or "p14" in res:
+        out += peer_start.rows(res.get("p13"), res.get("p14"))
+    if "p15" in res:
+        out += embeddings.rows(res["p15"])
+    if "p16" in res:
+        out += draft.rows(res["p16"])
+    return out
+
+
+def peer_notes(res: dict[str, Any]) -> list[str]:
+    from bench.scenarios import draft, embeddings, peer_start, peers
+
+    res = measured(res)
+    p11 = {**res["p11"], "defaults": res.get("p11_defaults", {})} if "p11" in res else None
+    lines = peers.notes(p11, res.get("p12"))
+    if "p13" in res or "p14" in res:
+        lines += peer_start.notes(res.get("p13"), res.get("p14"))
+    if "p15" in res:
+        lines += embeddings.notes(res["p15"])
+    if "p16" in res:
+        lines += draft.notes(res["p16"])
+    return lines
 
 
 # How a verdict's figure was taken (qualifiers a newer bench adds to the same metric): left out of the key, so
@@ -186,6 +235,10 @@ def write_markdown(res: dict[str, Any], path: Path, cfg: Config) -> None:
         lines += ["", "P3 split, gguf_provider child (ms, median): " + ", ".join(
             f"{k} {s['median']:.0f}" for k, s in a["engine_split_ms"].items()) + "; raw child: " + ", ".join(
             f"{k} {s['median']:.0f}" for k, s in a["raw_split_ms"].items()) + "."]
+        if "import" in res["p3"]:
+            lines += ["", "P3 import times in a fresh interpreter (ms, median, our package's bytecode compiled first): "
+                      + ", ".join(f"`{res['p3']['import']['statements'][k]}` {s['median']:.0f}"
+                                  for k, s in res["p3"]["import"]["ms"].items()) + "."]
     if "p4" in res:
         p = res["p4"]
         lines += ["", f"P4 absolute TTFT: warm {p['warm_ms']['median']:.0f} ms, cold {p['cold_ms']['median']:.0f} ms "
@@ -226,7 +279,23 @@ def write_markdown(res: dict[str, Any], path: Path, cfg: Config) -> None:
         for mode in MODES:
             loop = p[mode]["loops"][0]
             lines += [f"- {mode}: with cache reuse {loop['on']}, without {loop['off']}"]
+    for line in peer_notes(res):
+        lines += ["", line]
     path.write_text("\n".join(lines) + "\n")
+
+
+DITTO = "〃"  # docs/benchmarks.md: the metric of the row above (the page stays short: issue 35)
+
+
+def summary_table(all_rows: list[Row]) -> list[str]:
+    """The rows with a verdict, as table lines; a metric that repeats the row above's is shown as a ditto mark."""
+    lines, above = [], None
+    for r in all_rows:
+        if r[6] == "-":
+            continue
+        lines.append(f"| {DITTO if r[0] == above else r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[5]} | {r[6]} |")
+        above = r[0]
+    return lines
 
 
 def write_summary(res: dict[str, Any], path: Path, cfg: Config) -> None:
@@ -250,7 +319,7 @@ def write_summary(res: dict[str, Any], path: Path, cfg: Config) -> None:
         "| Metric | Client | Median | Band | Goal | Verdict |",
         "|---|---|---|---|---|---|",
     ]
-    lines += [f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[5]} | {r[6]} |" for r in rows(res) if r[6] != "-"]
+    lines += summary_table(rows(res))
     if "p7" in res:
         p = res["p7"]
         ceiling = p.get("ceiling")
@@ -262,8 +331,27 @@ def write_summary(res: dict[str, Any], path: Path, cfg: Config) -> None:
                   + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in p["identical"].items()) + "."
                   + (f" The gain is bounded by the CPU's batch ÷ one-token speed ({ceiling['ratio']:.2f}x here), "
                      "so it differs between machines (bench/NOTES.md)." if ceiling else "")]
+    said = [text for key, text in PEER_SENTENCES.items() if key in measured(res)]
+    said += [f"{key.upper()} failed in this run: {v['error'].splitlines()[0][:200]}" for key, v in res.items()
+             if isinstance(v, dict) and "error" in v]
+    if said:
+        lines += ["", "## Against what users pick instead", "", *[f"- {t}" for t in said]]
     lines += ["", "![benchmarks](benchmarks.png)", ""]
     path.write_text("\n".join(lines))
+
+
+# docs/benchmarks.md: one sentence each on what P11-P16 compare (issue 34)
+PEER_SENTENCES = {
+    "p11": "P11: one stream's decode speed, ours against LangChain's ChatLlamaCpp and LlamaIndex's LlamaCPP "
+           "(llama-cpp-python in process, built from our llama.cpp), same model, threads, context, greedy.",
+    "p12": "P12: four requests at once (ChatGGUF `abatch`) against what a ChatLlamaCpp user can run.",
+    "p13": "P13: memory (PSS) of two processes using one model: a shared server and two clients against two "
+           "processes that each load it.",
+    "p14": "P14: a fresh process's first token: ours starting or attaching to a server against loading in process.",
+    "p15": "P15: 2,000 chunks embedded by GGUFEmbeddings against HuggingFaceEmbeddings on the same MiniLM, and how "
+           "close the vectors are.",
+    "p16": "P16: Qwen2.5-Coder-1.5B drafted by its 0.5B against no speculation and the default n-gram one.",
+}
 
 
 def sped_text(res: dict[str, Any]) -> str:

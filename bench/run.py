@@ -13,7 +13,8 @@ Environment: ``BENCH_ROUNDS`` (first rounds, default 9), ``BENCH_MAX_ROUNDS`` (c
 ``BENCH_PAIR_MAX_ROUNDS`` and ``BENCH_PAIR_MAX_STREAMS`` (caps of P1/P2's rounds of the pairs still within noise,
 default 161 rounds or 420 streams in those rounds, whichever comes first), ``BENCH_TOKENS``
 (default 256), ``BENCH_PORT`` (default 18731), ``BENCH_THREADS`` (llama-server threads, default 1), ``BENCH_ONLY``
-(comma list of p1,p3,p4,p5,p6,p7,p8,p9,p17,p18 to run a subset, p2 runs with p1; the report then holds only those),
+(comma list of p1,p3,p4,p5,p6,p7,p8,p9,p17,p18,p11,...,p16 to run a subset, p2 runs with p1; the report then holds only those),
+``BENCH_PEER_THREADS`` (llama.cpp threads of ours and the peers in P11-P16, default 1),
 ``BENCH_OUT`` (a directory for the report instead of docs/ and bench/, e.g. for a second run to compare).
 
 This module only orchestrates: settings in bench/config.py, the scenarios in bench/scenarios/, the report in
@@ -44,7 +45,7 @@ from bench.scenarios.header import bench_header
 from bench.scenarios.multiturn import bench_multiturn
 from bench.scenarios.prompt_cache import bench_prompt_cache
 from bench.scenarios.speculative import bench_speculative
-from bench.scenarios.startup import bench_attach, bench_cold
+from bench.scenarios.startup import bench_attach, bench_cold, bench_import
 from bench.scenarios.stream import bench_replay, bench_stream
 from gguf_provider.engine import Engine, EngineConfig
 from gguf_provider.runtime import discovery, server_options
@@ -79,6 +80,53 @@ def shared_server_benches(cfg: Config, small: Path, res: dict[str, Any]) -> None
         engine.unload()
 
 
+PEERS = {"p11", "p12", "p13", "p14", "p15", "p16"}
+
+
+def peer_inputs(cfg: Config) -> dict[str, Path]:
+    """The files P11-P16 need: the 1.5B target, our MiniLM GGUF and sentence-transformers' MiniLM folder."""
+    from scripts.bench_peers import ensure_minilm_hf
+    from scripts.test_models import ensure
+
+    if not cfg.only & PEERS:
+        return {}
+    return {"coder15": ensure("coder15"), "minilm": ensure("minilm"), "minilm_hf": ensure_minilm_hf()}
+
+
+def peer_benches(cfg: Config, small: Path, large: Path, files: dict[str, Path], res: dict[str, Any],
+                 results_path: Path) -> None:
+    """P11-P16: against what users pick instead (llama-cpp-python in process, sentence-transformers) and a draft
+    model; the peers come from scripts/bench_peers.py (``make bench`` installs them)."""
+    from bench.scenarios import draft, embeddings, peer_start, peers
+
+    if not cfg.only & PEERS:
+        return
+    coder = files["coder15"]
+    models = {"SmolLM2": small, "Qwen2.5-Coder-1.5B": coder}
+    steps: list[tuple[str, Any]] = [
+        ("p11", lambda: peers.bench_single(cfg, models)),
+        ("p11_defaults", lambda: peers.bench_defaults(cfg, large)),
+        ("p12", lambda: peers.bench_concurrent(cfg, models, "Qwen2.5-Coder-1.5B")),
+        ("p13", lambda: peer_start.bench_memory(cfg, small, coder)),
+        ("p14", lambda: peer_start.bench_start(cfg, small)),
+        ("p15", lambda: embeddings.bench_embeddings(cfg, files["minilm"], files["minilm_hf"])),
+        ("p16", lambda: draft.bench_draft(cfg, coder, large)),
+    ]
+    for key, fn in steps:
+        if key.split("_")[0] not in cfg.only:
+            continue
+        t0 = time.perf_counter()
+        log(f"{key.upper()} starting")
+        try:
+            res[key] = fn()
+        except Exception as exc:  # one scenario's failure is reported; the others still run
+            log(f"{key.upper()} failed: {type(exc).__name__}: {exc}")
+            res[key] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+        res[key]["elapsed_s"] = time.perf_counter() - t0
+        log(f"{key.upper()} done in {res[key]['elapsed_s']:.0f} s")
+        results_path.write_text(json.dumps(res, indent=1, default=str))
+
+
 def private_home() -> None:
     """The bench's servers live in a home of their own, so work alongside (a test suite's ``ps``, its memory limit)
     neither sees them nor is seen by them. The binary is named, as a new home holds none."""
@@ -92,6 +140,7 @@ def run(cfg: Config, results_path: Path) -> dict[str, Any]:
 
     started = time.perf_counter()
     small, large = ensure("smollm2"), ensure("qwen")
+    peer_files = peer_inputs(cfg)  # before the private home: they live in the user's cache
     private_home()
     priority = machine.raise_priority()  # before any server starts: they inherit it
     desc = machine.describe()
@@ -110,7 +159,8 @@ def run(cfg: Config, results_path: Path) -> dict[str, Any]:
         shared_server_benches(cfg, small, res)
         results_path.write_text(json.dumps(res, indent=1, default=str))  # kept if a later part fails
     if "p3" in cfg.only:
-        res["p3"]["cold"] = bench_cold(cfg, small)
+        res["p3"]["cold"] = bench_cold(cfg, small, GOALS["p3_cold"])
+        res["p3"]["import"] = bench_import(cfg, GOALS["p3_import"])
     if "p7" in cfg.only or "p8" in cfg.only:
         res["p7"] = bench_speculative(cfg, large)
     if "p9" in cfg.only:
@@ -119,6 +169,7 @@ def run(cfg: Config, results_path: Path) -> dict[str, Any]:
         res["p17"] = bench_prompt_cache(cfg, small)
     if "p18" in cfg.only:
         res["p18"] = bench_cache_reuse(cfg, small, server_options.DEFAULT_CACHE_REUSE)
+    peer_benches(cfg, small, large, peer_files, res, results_path)
     res["machine"]["load_after"] = list(os.getloadavg())
     res["elapsed_s"] = time.perf_counter() - started
     return res

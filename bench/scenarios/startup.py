@@ -111,15 +111,68 @@ def first_token_bare(cfg: Config, model: Path) -> float:
         proc.wait(10)
 
 
-def bench_cold(cfg: Config, model: Path) -> dict[str, Any]:
+def bench_cold(cfg: Config, model: Path, goal: Goal | None = None) -> dict[str, Any]:
     ours: list[float] = []
     bare: list[float] = []
-    for r in range(cfg.rounds):
+
+    def step(r: int) -> None:
         pair = [(ours, first_token_ours), (bare, first_token_bare)]
         for dest, fn in pair if r % 2 == 0 else pair[::-1]:
             dest.append(fn(cfg, model))
-        log(f"P3 cold round {r + 1}/{cfg.rounds}: gguf_provider {ours[-1] * 1e3:.0f} ms, "
-            f"bare {bare[-1] * 1e3:.0f} ms")
+        log(f"P3 cold round {r + 1}: gguf_provider {ours[-1] * 1e3:.0f} ms, bare {bare[-1] * 1e3:.0f} ms")
+
+    adaptive(cfg, "P3 cold", step, lambda: [o / b for o, b in zip(ours, bare, strict=True)], goal)
     return {"ours_ms": summary([x * 1e3 for x in ours]), "bare_ms": summary([x * 1e3 for x in bare]),
             "extra_ms": summary([(o - b) * 1e3 for o, b in zip(ours, bare, strict=True)]),
-            "ratio": summary([o / b for o, b in zip(ours, bare, strict=True)])}
+            "ratio": summary([o / b for o, b in zip(ours, bare, strict=True)], goal)}
+
+
+# P3's import times (issue 34): each statement timed inside a fresh interpreter, around the statement alone.
+IMPORTS = {
+    "langchain_core.language_models": "import langchain_core.language_models",
+    "BaseChatModel": "from langchain_core.language_models import BaseChatModel",
+    "gguf_provider": "import gguf_provider",
+    "ChatGGUF": "from gguf_provider import ChatGGUF",
+    "httpx": "import httpx",
+}
+IMPORT_CHILD = "import time; t = time.perf_counter(); {stmt}; print(time.perf_counter() - t)"
+
+
+def compile_package() -> None:
+    """Our modules' bytecode, written as pip writes the dependencies' (an install compiles; a checkout run with
+    ``PYTHONDONTWRITEBYTECODE`` would compile ours on every import and not theirs)."""
+    import compileall
+
+    compileall.compile_dir(str(ROOT / "gguf_provider"), quiet=1)
+
+
+def import_time(stmt: str) -> float:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", IMPORT_CHILD.format(stmt=stmt)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, check=True)
+    return float(proc.stdout.strip().splitlines()[-1])
+
+
+def bench_import(cfg: Config, goal: Goal) -> dict[str, Any]:
+    """Import times in fresh processes, interleaved (order reversed every other round); ours ÷ the framework's."""
+    compile_package()
+    for stmt in IMPORTS.values():  # page cache warm
+        import_time(stmt)
+    times: dict[str, list[float]] = {k: [] for k in IMPORTS}
+
+    def step(r: int) -> None:
+        for k in (list(IMPORTS) if r % 2 == 0 else list(IMPORTS)[::-1]):
+            times[k].append(import_time(IMPORTS[k]))
+        log(f"P3 import round {r + 1}: " + ", ".join(f"{k} {v[-1] * 1e3:.0f} ms" for k, v in times.items()))
+
+    def ratio(a: str, b: str) -> list[float]:
+        return [x / y for x, y in zip(times[a], times[b], strict=True)]
+
+    def worst() -> list[float]:
+        return ratio("ChatGGUF", "langchain_core.language_models")
+
+    adaptive(cfg, "P3 import", step, worst, goal)
+    return {"statements": IMPORTS, "ms": {k: summary([x * 1e3 for x in v]) for k, v in times.items()},
+            "package_ratio": summary(ratio("gguf_provider", "langchain_core.language_models"), goal),
+            "chat_ratio": summary(ratio("ChatGGUF", "langchain_core.language_models"), goal),
+            "chat_base_ratio": summary(ratio("ChatGGUF", "BaseChatModel"), goal)}
