@@ -137,6 +137,8 @@ def peer_rows(res: dict[str, Any]) -> list[PeerRow]:
     out: list[PeerRow] = peers.rows(p11, res.get("p12"))
     if "p13" in res or "p14" in res:
         out += peer_start.rows(res.get("p13"), res.get("p14"))
+    if "p14_coder" in res:
+        out += peer_start.rows(None, res["p14_coder"])
     if "p15" in res:
         out += embeddings.rows(res["p15"])
     if "p16" in res:
@@ -152,6 +154,8 @@ def peer_notes(res: dict[str, Any]) -> list[str]:
     lines = peers.notes(p11, res.get("p12"))
     if "p13" in res or "p14" in res:
         lines += peer_start.notes(res.get("p13"), res.get("p14"))
+    if "p14_coder" in res:
+        lines += peer_start.notes(None, res["p14_coder"])
     if "p15" in res:
         lines += embeddings.notes(res["p15"])
     if "p16" in res:

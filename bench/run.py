@@ -109,6 +109,7 @@ def peer_benches(cfg: Config, small: Path, large: Path, files: dict[str, Path], 
         ("p12", lambda: peers.bench_concurrent(cfg, models, "Qwen2.5-Coder-1.5B")),
         ("p13", lambda: peer_start.bench_memory(cfg, small, coder)),
         ("p14", lambda: peer_start.bench_start(cfg, small)),
+        ("p14_coder", lambda: peer_start.bench_start(cfg, coder)),  # a model of a size users run
         ("p15", lambda: embeddings.bench_embeddings(cfg, files["minilm"], files["minilm_hf"])),
         ("p16", lambda: draft.bench_draft(cfg, coder, large)),
     ]

@@ -400,12 +400,10 @@ def rows(p13: dict[str, Any] | None, p14: dict[str, Any] | None) -> list[Row]:
             if case not in p14:
                 continue
             c = p14[case]
-            out.append((f"P14 first token of a fresh process's first call, {text}, ours ÷ theirs",
-                        "ChatGGUF ÷ ChatLlamaCpp", c["ratio"], 2, ""))
-            out.append((f"P14 first token of a fresh process's first call, {text}", "ChatGGUF", c["ours_ms"], 0,
-                        " ms"))
-            out.append((f"P14 first token of a fresh process's first call, {text}", "ChatLlamaCpp", c["theirs_ms"],
-                        0, " ms"))
+            what = f"P14 first token of a fresh process's first call ({p14['model']}), {text}"
+            out.append((f"{what}, ours ÷ theirs", "ChatGGUF ÷ ChatLlamaCpp", c["ratio"], 2, ""))
+            out.append((what, "ChatGGUF", c["ours_ms"], 0, " ms"))
+            out.append((what, "ChatLlamaCpp", c["theirs_ms"], 0, " ms"))
     return out
 
 
