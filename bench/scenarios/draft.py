@@ -70,8 +70,8 @@ def bench_draft(cfg: Config, target: Path, draft: Path) -> dict[str, Any]:
         def worst() -> list[float]:  # more rounds while the edit verdict is undecided
             return ratio("edit", "draft")
 
-        rounds = max(3, cfg.rounds // 3)
-        out["rounds"] = adaptive(Config(rounds=rounds, max_rounds=rounds + 4), "P16", step, worst, GOALS["p16_edit"])
+        rounds = 3
+        out["rounds"] = adaptive(Config(rounds=rounds, max_rounds=rounds + 2), "P16", step, worst, GOALS["p16_edit"])
         out.update({
             "edit_ratio": summary(ratio("edit", "draft"), GOALS["p16_edit"]),
             "chat_ratio": summary(ratio("chat", "draft"), GOALS["p16_chat"]),

@@ -281,9 +281,10 @@ def ratios(ours_s: list[float], theirs_s: list[float]) -> list[float]:
 def rows(p: dict[str, Any]) -> list[tuple[str, str, dict[str, Any], int, str]]:
     """(metric, client, summary, digits, unit) for the report's table."""
     return [
-        ("P15 embed_documents docs/s, GGUFEmbeddings ÷ HuggingFaceEmbeddings", "MiniLM", p["ratio"], 2, "×"),
-        ("P15 lowest cosine, our vector vs sentence-transformers'", "MiniLM", p["cosine_min"], 4, ""),
-        ("P15 queries with the same top-5 chunks", "MiniLM", p["top5"], 2, "share"),
+        ("P15 embed_documents docs/s, ours ÷ sentence-transformers", "GGUFEmbeddings ÷ HuggingFaceEmbeddings",
+         p["ratio"], 2, ""),
+        ("P15 lowest cosine of a chunk, our vector vs sentence-transformers'", "MiniLM", p["cosine_min"], 4, ""),
+        ("P15 share of queries with the same top-5 chunks", "MiniLM", p["top5"], 2, ""),
     ]
 
 

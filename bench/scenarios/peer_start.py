@@ -384,7 +384,7 @@ def rows(p13: dict[str, Any] | None, p14: dict[str, Any] | None) -> list[Row]:
     who = "ChatGGUF (+ shared server) ÷ ChatLlamaCpp"
     for m in [*(p13 or {}).get("models", {}).values(), *(p13 or {}).get("same_ctx", {}).values()]:
         how = f"both n_ctx {m['same_n_ctx']}" if m.get("same_n_ctx") else "each with its defaults"
-        out.append((f"P13 total PSS of two processes using one model ({m['model']}, {how}), ours ÷ theirs", who,
+        out.append((f"P13 PSS of two processes on one model, ours ÷ theirs ({m['model']}, {how})", who,
                     m["ratio_pss"], 2, ""))
         out.append((f"P13 total RSS of two processes using one model ({m['model']}, {how}), ours ÷ theirs", who,
                     m["ratio_rss"], 2, ""))
@@ -400,7 +400,7 @@ def rows(p13: dict[str, Any] | None, p14: dict[str, Any] | None) -> list[Row]:
             if case not in p14:
                 continue
             c = p14[case]
-            what = f"P14 first token of a fresh process's first call ({p14['model']}), {text}"
+            what = f"P14 a fresh process's first token, {text} ({p14['model']})"
             out.append((f"{what}, ours ÷ theirs", "ChatGGUF ÷ ChatLlamaCpp", c["ratio"], 2, ""))
             out.append((what, "ChatGGUF", c["ours_ms"], 0, " ms"))
             out.append((what, "ChatLlamaCpp", c["theirs_ms"], 0, " ms"))
