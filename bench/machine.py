@@ -60,7 +60,8 @@ def versions() -> dict[str, str]:
     """Python's and the measured packages' versions ("-" for one not installed)."""
     out = {"python": platform.python_version()}
     for pkg in ("gguf-provider", "langchain-core", "llama-index-core", "langchain-openai", "httpx", "pydantic",
-                "gguf"):
+                "gguf", "llama-cpp-python", "langchain-community", "llama-index-llms-llama-cpp", "langchain-huggingface",
+                "sentence-transformers", "torch"):
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:

@@ -320,6 +320,12 @@ def write_summary(res: dict[str, Any], path: Path, cfg: Config) -> None:
         f"This run: {m['cpu']}, {m['cores']} cores, llama-server `-c {N_CTX} -np {N_PARALLEL} --kv-unified "
         f"{' '.join(cfg.server_args)}` on its own core, {res['model']} for P1–P5.",
         "",
+    ]
+    if res.get("merged"):
+        mg = res["merged"]
+        lines += [f"P3 and P11–P16 come from a later run of those scenarios alone ({mg['part_elapsed_s'] / 60:.0f} "
+                  f"min); the other rows from the full run before it ({mg['base_elapsed_s'] / 60:.0f} min).", ""]
+    lines += [
         "| Metric | Client | Median | Band | Goal | Verdict |",
         "|---|---|---|---|---|---|",
     ]
@@ -452,6 +458,21 @@ def write_docs(res: dict[str, Any], md_path: Path, png_path: Path, cfg: Config, 
     write_summary(res, md_path, cfg)
     write_markdown(res, full_path or md_path.with_name("results.md"), cfg)
     write_chart(res, png_path)
+
+
+SCENARIO_KEYS = ("p1", "p2_replay", "p3", "p4", "p5", "p6", "p7", "p9", "p17", "p18", "p11", "p11_defaults", "p12",
+                 "p13", "p14", "p14_coder", "p15", "p16")
+
+
+def merge(base: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
+    """``base`` (a full run) with the scenarios ``part`` (a ``BENCH_ONLY`` run) measured replacing its own; what came
+    from which run is kept in ``merged``."""
+    taken = [k for k in SCENARIO_KEYS if k in part]
+    out = {**base, **{k: part[k] for k in taken}}
+    out["versions"] = {**base.get("versions", {}), **part.get("versions", {})}
+    out["merged"] = {"scenarios": taken, "part_machine": part["machine"], "part_elapsed_s": part.get("elapsed_s"),
+                     "base_elapsed_s": base.get("elapsed_s"), "base_machine": base["machine"]}
+    return out
 
 
 def compare(a: Path, b: Path) -> int:

@@ -6,7 +6,8 @@ lands on all of them alike. The server and the clients are pinned to separate co
 verdict is yes / no / within noise, from the band of its median (``bench/stats.py``); rounds are added while a band
 straddles its goal. Writes ``bench/results.json``, ``docs/benchmarks.md`` and ``docs/benchmarks.png``.
 
-Flags: ``--compare A.json B.json`` (two reports' verdicts side by side; exit code 1 if any differs), ``--report``
+Flags: ``--compare A.json B.json`` (two reports' verdicts side by side; exit code 1 if any differs), ``--merge
+FULL.json PART.json OUT.json`` (a ``BENCH_ONLY`` run's scenarios put into a full report), ``--report``
 (re-render the markdown and the chart from the results, e.g. after editing bench/NOTES.md), ``--help``.
 
 Environment: ``BENCH_ROUNDS`` (first rounds, default 9), ``BENCH_MAX_ROUNDS`` (cap, default 25),
@@ -183,6 +184,12 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if "-h" in args or "--help" in args:
         print(__doc__)
+        return
+    if "--merge" in args:  # a run of some scenarios into a full report: its scenarios replace the report's
+        i = args.index("--merge")
+        base, part = (json.loads(Path(a).read_text()) for a in args[i + 1:i + 3])
+        out = Path(args[i + 3])
+        out.write_text(json.dumps(report.merge(base, part), indent=1, default=str))
         return
     if "--compare" in args:
         i = args.index("--compare")
