@@ -127,40 +127,30 @@ def measured(res: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in res.items() if not (isinstance(v, dict) and "error" in v)}
 
 
-def peer_rows(res: dict[str, Any]) -> list[PeerRow]:
-    """P11-P16's rows, from their scenario modules."""
+def _peer_parts(res: dict[str, Any], part: str) -> list[Any]:
+    """``part`` ("rows" or "notes") of every P11-P16 scenario in ``res``, from their scenario modules."""
     from bench.scenarios import draft, embeddings, peer_start, peers
 
     res = measured(res)
-
     p11 = {**res["p11"], "defaults": res.get("p11_defaults", {})} if "p11" in res else None
-    out: list[PeerRow] = peers.rows(p11, res.get("p12"))
+    out: list[Any] = getattr(peers, part)(p11, res.get("p12"))
     if "p13" in res or "p14" in res:
-        out += peer_start.rows(res.get("p13"), res.get("p14"))
+        out += getattr(peer_start, part)(res.get("p13"), res.get("p14"))
     if "p14_coder" in res:
-        out += peer_start.rows(None, res["p14_coder"])
+        out += getattr(peer_start, part)(None, res["p14_coder"])
     if "p15" in res:
-        out += embeddings.rows(res["p15"])
+        out += getattr(embeddings, part)(res["p15"])
     if "p16" in res:
-        out += draft.rows(res["p16"])
+        out += getattr(draft, part)(res["p16"])
     return out
 
 
-def peer_notes(res: dict[str, Any]) -> list[str]:
-    from bench.scenarios import draft, embeddings, peer_start, peers
+def peer_rows(res: dict[str, Any]) -> list[PeerRow]:
+    return _peer_parts(res, "rows")
 
-    res = measured(res)
-    p11 = {**res["p11"], "defaults": res.get("p11_defaults", {})} if "p11" in res else None
-    lines = peers.notes(p11, res.get("p12"))
-    if "p13" in res or "p14" in res:
-        lines += peer_start.notes(res.get("p13"), res.get("p14"))
-    if "p14_coder" in res:
-        lines += peer_start.notes(None, res["p14_coder"])
-    if "p15" in res:
-        lines += embeddings.notes(res["p15"])
-    if "p16" in res:
-        lines += draft.notes(res["p16"])
-    return lines
+
+def peer_notes(res: dict[str, Any]) -> list[str]:
+    return _peer_parts(res, "notes")
 
 
 # How a verdict's figure was taken (qualifiers a newer bench adds to the same metric): left out of the key, so

@@ -149,3 +149,24 @@ def test_help_runs_nothing(capsys: pytest.CaptureFixture[str]) -> None:
     main(["--help"])
     assert "BENCH_ROUNDS" in capsys.readouterr().out
 
+
+
+def test_merge_puts_a_partial_run_into_the_full_report() -> None:
+    """`--merge`: the scenarios a BENCH_ONLY run measured replace the full report's, the rest is kept, and the
+    summary page says which rows came from which run."""
+    full = {"machine": {"cpu": "a"}, "elapsed_s": 1200.0, "p1": {"x": 1}, "p3": {"old": True}, "versions": {"a": "1"}}
+    part = {"machine": {"cpu": "b"}, "elapsed_s": 600.0, "p3": {"new": True}, "p15": {"y": 2}, "versions": {"b": "2"}}
+    merged = report.merge(full, part)
+    assert merged["p1"] == {"x": 1} and merged["p3"] == {"new": True} and merged["p15"] == {"y": 2}
+    assert merged["merged"]["scenarios"] == ["p3", "p15"] and merged["versions"] == {"a": "1", "b": "2"}
+    assert merged["machine"] == {"cpu": "a"} and merged["merged"]["part_machine"] == {"cpu": "b"}
+
+
+def test_a_failed_scenario_is_said_not_rendered(tmp_path: Path) -> None:
+    res = json.loads(RESULTS.read_text())
+    res["p16"] = {"error": "RuntimeError: draft server did not start", "elapsed_s": 3.0}
+    md = tmp_path / "benchmarks.md"
+    report.write_summary(res, md, Config())
+    text = md.read_text()
+    assert "P16 failed in this run: RuntimeError: draft server did not start" in text
+    assert not [r for r in report.rows(res) if r[0].startswith("P16")]
