@@ -22,6 +22,7 @@ import asyncio
 import json
 import os
 import selectors
+import signal
 import subprocess
 import sys
 import time
@@ -57,9 +58,10 @@ class Peer:
     def __init__(self, kind: str, model: Path, settings: dict[str, Any] | None, deadline: float = 600.0) -> None:
         self.kind, self.model, self.settings = kind, model, settings
         env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
+        # a session of its own: a killed worker's forked children (seen after a hung abatch) go with it
         self.proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "peer_worker.py")], cwd=ROOT, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True)
+                                     text=True, start_new_session=True)
         self.info = self.call({"op": "load", "kind": kind, "model": str(model), "settings": settings}, deadline)
 
     def call(self, cmd: dict[str, Any], deadline: float) -> dict[str, Any]:
@@ -88,8 +90,10 @@ class Peer:
         return reply
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the worker and anything it forked
+        except ProcessLookupError:
+            pass
         self.proc.wait(10)
 
     def __enter__(self) -> Peer:
