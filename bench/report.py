@@ -302,19 +302,17 @@ def write_summary(res: dict[str, Any], path: Path, cfg: Config) -> None:
         "What gguf-provider costs on top of llama-server, from `make bench` (generated; do not edit). Every "
         "metric: [bench/results.md](../bench/results.md); method and history: [bench/NOTES.md](../bench/NOTES.md).",
         "",
-        "Each figure is a ratio measured side by side in one run (same request, temperature 0, variants "
-        "interleaved). A *floor* is the cheapest client of the same framework (`bench/floors.py`). *Band*: the "
-        "median's ~95% confidence interval; the verdict is **yes** when all of it meets the goal, **no** when none "
-        f"does, **within noise** otherwise (rounds are added while it straddles, up to "
-        f"{res.get('max_rounds', cfg.max_rounds)}). "
+        "Ratios measured side by side in one run; a *floor* is the cheapest client of the same framework. *Band*: "
+        "the median's ~95% confidence interval: **yes** when all of it meets the goal, **no** when none does, "
+        f"**within noise** otherwise (after up to {res.get('max_rounds', cfg.max_rounds)} rounds). "
         f"This run: {m['cpu']}, {m['cores']} cores, llama-server `-c {N_CTX} -np {N_PARALLEL} --kv-unified "
         f"{' '.join(cfg.server_args)}` on its own core, {res['model']} for P1–P5.",
         "",
     ]
     if res.get("merged"):
         mg = res["merged"]
-        lines += [f"P3 and P11–P16 come from a later run of those scenarios alone ({mg['part_elapsed_s'] / 60:.0f} "
-                  f"min); the other rows from the full run before it ({mg['base_elapsed_s'] / 60:.0f} min).", ""]
+        lines += [f"P3 and P11–P16: a later run of them alone ({mg['part_elapsed_s'] / 60:.0f} min); the rest: the "
+                  f"full run before ({mg['base_elapsed_s'] / 60:.0f} min).", ""]
     lines += [
         "| Metric | Client | Median | Band | Goal | Verdict |",
         "|---|---|---|---|---|---|",
@@ -329,8 +327,8 @@ def write_summary(res: dict[str, Any], path: Path, cfg: Config) -> None:
                   f"ordinary chat at {p['chat_tok_s']['auto']['median']:.1f} vs "
                   f"{p['chat_tok_s']['False']['median']:.1f} tok/s; greedy text identical: "
                   + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in p["identical"].items()) + "."
-                  + (f" The gain is bounded by the CPU's batch ÷ one-token speed ({ceiling['ratio']:.2f}x here), "
-                     "so it differs between machines (bench/NOTES.md)." if ceiling else "")]
+                  + (f" The gain is bounded by the CPU's batch ÷ one-token speed ({ceiling['ratio']:.2f}x here)."
+                     if ceiling else "")]
     said = [text for key, text in PEER_SENTENCES.items() if key in measured(res)]
     said += [f"{key.upper()} failed in this run: {v['error'].splitlines()[0][:200]}" for key, v in res.items()
              if isinstance(v, dict) and "error" in v]
@@ -342,15 +340,12 @@ def write_summary(res: dict[str, Any], path: Path, cfg: Config) -> None:
 
 # docs/benchmarks.md: one sentence each on what P11-P16 compare (issue 34)
 PEER_SENTENCES = {
-    "p11": "P11: one stream's decode speed, ours against LangChain's ChatLlamaCpp and LlamaIndex's LlamaCPP "
-           "(llama-cpp-python in process, built from our llama.cpp), same model, threads, context, greedy.",
-    "p12": "P12: four requests at once (ChatGGUF `abatch`) against what a ChatLlamaCpp user can run.",
-    "p13": "P13: memory (PSS) of two processes using one model: a shared server and two clients against two "
-           "processes that each load it.",
-    "p14": "P14: a fresh process's first token: ours starting or attaching to a server against loading in process.",
-    "p15": "P15: 2,000 chunks embedded by GGUFEmbeddings against HuggingFaceEmbeddings on the same MiniLM, and how "
-           "close the vectors are.",
-    "p16": "P16: Qwen2.5-Coder-1.5B drafted by its 0.5B against no speculation and the default n-gram one.",
+    "p11": "P11: decode speed against ChatLlamaCpp and LlamaCPP (llama-cpp-python, our llama.cpp), same settings.",
+    "p12": "P12: four requests at once against what a ChatLlamaCpp user can run.",
+    "p13": "P13: memory of two processes on one model: a shared server against a copy each.",
+    "p14": "P14: a fresh process's first token: starting or attaching to a server against loading in process.",
+    "p15": "P15: embedding 2,000 chunks against sentence-transformers (same MiniLM), and the vectors' agreement.",
+    "p16": "P16: a 1.5B drafted by its 0.5B against no speculation and the default n-gram one.",
 }
 
 
