@@ -22,7 +22,8 @@ def module_getattr(package: str, modules: dict[str, str]) -> Callable[[str], Any
 class LazyModule:
     """A stand-in for module ``name``: the module is imported at the first attribute read. For httpx, which costs
     about a third of ``from gguf_provider import ChatGGUF`` (its CLI's click/rich/pygments, when installed) and is
-    needed only once a server is asked something (bench P3). Type checkers see the real module (``TYPE_CHECKING``)."""
+    needed only once a server is asked something (bench P3). Type checkers see the real module (``TYPE_CHECKING``).
+    Not ``importlib.util.LazyLoader``: that puts a lazy module in ``sys.modules`` for every other importer too."""
 
     def __init__(self, name: str) -> None:
         self._name = name
