@@ -95,7 +95,6 @@ class Rule:
     log: re.Pattern[str] | None = None  # searched in the log tail
     etype: str | None = None  # the answer's error ``type``
     message: re.Pattern[str] | None = None  # searched in the answer's error ``message``
-    exc: type[BaseException] | None = None  # the exception's class
     when: Callable[[Failure], bool] | None = None  # a fact looked up rather than read
 
     def matches(self, f: Failure) -> Iterator[re.Match[str] | None]:
@@ -103,8 +102,6 @@ class Rule:
         if f.kind != self.kind:
             return
         if self.when is not None and self.when(f):
-            yield None
-        if self.exc is not None and isinstance(f.exc, self.exc):
             yield None
         if self.etype is not None and f.etype == self.etype:
             yield None
