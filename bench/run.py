@@ -105,7 +105,7 @@ def peer_benches(cfg: Config, small: Path, large: Path, files: dict[str, Path], 
         return
     coder = files["coder15"]
     # P13/P14 start fresh processes every round: fewer rounds (their bands are narrow) keep `make bench` within an hour
-    short = replace(cfg, rounds=min(cfg.rounds, 5), max_rounds=min(cfg.max_rounds, 9))
+    short = replace(cfg, rounds=min(cfg.rounds, 3), max_rounds=min(cfg.max_rounds, 7))
     models = {"SmolLM2": small, "Qwen2.5-Coder-1.5B": coder}
     steps: list[tuple[str, Any]] = [
         ("p11", lambda: peers.bench_single(cfg, models)),
@@ -113,7 +113,7 @@ def peer_benches(cfg: Config, small: Path, large: Path, files: dict[str, Path], 
         ("p12", lambda: peers.bench_concurrent(cfg, models, "Qwen2.5-Coder-1.5B")),
         ("p13", lambda: peer_start.bench_memory(short, small, coder)),
         ("p14", lambda: peer_start.bench_start(short, small)),
-        ("p14_coder", lambda: peer_start.bench_start(replace(short, rounds=3), coder)),  # a model of a size users run
+        ("p14_coder", lambda: peer_start.bench_start(replace(short, rounds=2), coder)),  # a model of a size users run
         ("p15", lambda: embeddings.bench_embeddings(cfg, files["minilm"], files["minilm_hf"])),
         ("p16", lambda: draft.bench_draft(cfg, coder, large)),
     ]

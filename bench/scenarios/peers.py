@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.config import BATCH, BATCH_TOKENS, GOALS, ROOT, Config
+from bench.config import BATCH, GOALS, ROOT, Config
 from bench.log import log
 from bench.rounds import adaptive
 from bench.scenarios.speculative import (
@@ -44,6 +44,7 @@ from bench.stats import summary
 
 P11_CTX = 2048
 P11_TOKENS = 256
+P12_TOKENS = 64  # each of the four requests: P5's 128 made P12 9 minutes of `make bench`
 STREAM_TASK = "Write a long story about {topic}."
 FRAMEWORKS = {"langchain": ("ChatGGUF", "ChatLlamaCpp"), "llamaindex": ("GGUF", "LlamaCPP")}
 
@@ -192,11 +193,11 @@ def _single(cfg: Config, label: str, model: Path) -> dict[str, Any]:
         def worst() -> list[float]:  # more rounds while either framework's verdict is within noise
             return [min(x) for x in zip(*(ratios(k) for k in FRAMEWORKS), strict=True)]
 
-        # the 1.5B streams at ~9 tok/s on one thread: 3 rounds (+2 while within noise), ~2 min a round
+        # the 1.5B streams at ~9 tok/s on one thread: 2 rounds (+2 while within noise), ~2 min a round
         small = model.stat().st_size < 500e6
-        rounds = min(cfg.rounds, 5) if small else 3
-        adaptive(Config(rounds=rounds, max_rounds=min(cfg.max_rounds, rounds + (4 if small else 2))), f"P11 {label}",
-                 step, worst, GOALS["p11"])
+        rounds = min(cfg.rounds, 4) if small else 2
+        adaptive(Config(rounds=rounds, max_rounds=min(cfg.max_rounds, 2 * rounds)), f"P11 {label}", step, worst,
+                 GOALS["p11"])
         per_model: dict[str, Any] = {"file": model.name}
         for k, pair in FRAMEWORKS.items():
             o, t = res[k]["ours"], res[k]["theirs"]
@@ -272,8 +273,8 @@ async def _abatch_ours(llm: Any, contents: list[str]) -> float:
 
 def bench_concurrent(cfg: Config, models: dict[str, Path], large: str) -> dict[str, Any]:
     """P12: four requests at once, aggregate tok/s, ours (``abatch``) ÷ theirs on ``models[large]``; our batching
-    gain (four at once ÷ one stream, ``BATCH_TOKENS`` each) on every model."""
-    out: dict[str, Any] = {"tokens": BATCH_TOKENS, "requests": BATCH, "gain": {}, "model": models[large].name}
+    gain (four at once ÷ one stream, ``P12_TOKENS`` each) on every model."""
+    out: dict[str, Any] = {"tokens": P12_TOKENS, "requests": BATCH, "gain": {}, "model": models[large].name}
     for label, model in models.items():
         one, four, theirs = _concurrent(cfg, label, model, out if label == large else None)
         out["gain"][label] = {"ratio": summary([f / o for f, o in zip(four, one, strict=True)]),
@@ -291,23 +292,23 @@ def _concurrent(cfg: Config, label: str, model: Path, out: dict[str, Any] | None
     call is tried once first (the outcome goes to ``out``)."""
     settings = {"n_ctx": P11_CTX, "threads": cfg.peer_threads}
     contents = [STREAM_TASK.format(topic=t) for t in CHAT_TOPICS[10:10 + BATCH]]
-    cmd = {"op": "batch", "contents": contents, "max_tokens": BATCH_TOKENS, "concurrent": False}
+    cmd = {"op": "batch", "contents": contents, "max_tokens": P12_TOKENS, "concurrent": False}
     one: list[float] = []
     four: list[float] = []
     theirs: list[float] = []
-    llm = ours("langchain", model, settings, **greedy_fields(BATCH_TOKENS, "langchain"))
+    llm = ours("langchain", model, settings, **greedy_fields(P12_TOKENS, "langchain"))
     peer = Peer("langchain", model, settings) if out is not None else None
     try:
         llm.invoke("Hi")
         if peer is not None and out is not None:
             cmd["ban"] = peer.call({"op": "eos"}, 60)["ids"]
             seq = peer.call(cmd, 900)
-            theirs.append(BATCH * BATCH_TOKENS / seq["wall"])
+            theirs.append(BATCH * P12_TOKENS / seq["wall"])
             deadline = seq["wall"] + 30  # four at once should not take longer than one after another
             try:
                 conc = peer.call({**cmd, "concurrent": True}, deadline)
                 out["theirs_abatch"] = {"outcome": "answered", "wall_s": conc["wall"], "lengths": conc["lengths"],
-                                        "tok_s": BATCH * BATCH_TOKENS / conc["wall"]}
+                                        "tok_s": BATCH * P12_TOKENS / conc["wall"]}
             except (PeerDied, RuntimeError) as exc:
                 out["theirs_abatch"] = {"outcome": str(exc).splitlines()[0][:300], "deadline_s": deadline}
                 peer.close()
@@ -317,10 +318,10 @@ def _concurrent(cfg: Config, label: str, model: Path, out: dict[str, Any] | None
         def step(r: int) -> None:
             t0 = time.perf_counter()
             llm.invoke(contents[r % BATCH])
-            one.append(BATCH_TOKENS / (time.perf_counter() - t0))
-            four.append(BATCH * BATCH_TOKENS / asyncio.run(_abatch_ours(llm, contents)))
+            one.append(P12_TOKENS / (time.perf_counter() - t0))
+            four.append(BATCH * P12_TOKENS / asyncio.run(_abatch_ours(llm, contents)))
             if peer is not None and r > 0:  # round 0's was measured above
-                theirs.append(BATCH * BATCH_TOKENS / peer.call(cmd, 900)["wall"])
+                theirs.append(BATCH * P12_TOKENS / peer.call(cmd, 900)["wall"])
             log(f"P12 {label} round {r + 1}: ours one stream {one[-1]:.1f}, four at once {four[-1]:.1f} tok/s"
                 + (f"; ChatLlamaCpp batch(max_concurrency=1) {theirs[-1]:.1f} tok/s" if peer else ""))
 
