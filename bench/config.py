@@ -3,9 +3,10 @@ the fixed ones every scenario shares. Importing this module reads nothing."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.stats import Goal
@@ -46,6 +47,13 @@ GOALS = {
     "p16_edit": Goal(">=", 2.0),  # code-edit decode tok/s, a draft model ÷ speculation off
     "p16_chat": Goal(">=", 1.0),  # chat decode tok/s, a draft model ÷ speculation off
 }
+# A full run's time (``BENCH_BUDGET_S``). Rounds beyond a scenario's first ones (while a verdict is within noise) are
+# added only until the scenario's point in the schedule below; once past it, a scenario also stops its first rounds
+# at its floor (``adaptive``'s ``least``). So a slower machine gets fewer rounds, not a longer run.
+BUDGET_S = 3540
+# Minute of a BUDGET_S run by which each scenario (in run.py's order) is done, from a run on the 2-core reference.
+SCHEDULE_MIN = {"p1": 13, "p4": 14, "p5": 15.5, "p3": 18, "p7": 23, "p17": 24.5, "p18": 25.5, "p11": 31.5,
+                "p11_defaults": 35, "p12": 40, "p13": 42.5, "p14": 44, "p14_coder": 45, "p15": 53.5, "p16": 59}
 # P11-P16: llama.cpp threads of ours and theirs alike. One: llama-cpp-python's own default on 2 cores (half the
 # cores), and with two threads beside other work llama.cpp's threads stall at their barriers (NOTES: Pinning).
 PEER_THREADS = 1
@@ -69,6 +77,12 @@ class Config:
     peer_threads: int = PEER_THREADS  # P11-P16: llama.cpp threads of ours and of the peers alike
     only: frozenset[str] = frozenset(SCENARIOS.split(","))
     out: Path | None = None  # a directory for the report instead of docs/ and bench/
+    budget_s: float = BUDGET_S
+    until: float = math.inf  # time.monotonic() after which the scenario run with this config adds no rounds
+
+    def scheduled(self, key: str, started: float) -> Config:
+        """This config for scenario ``key`` of a run that started at ``started`` (``time.monotonic()``)."""
+        return replace(self, until=started + self.budget_s * SCHEDULE_MIN[key] / SCHEDULE_MIN["p16"])
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
@@ -86,6 +100,7 @@ class Config:
             peer_threads=int(env.get("BENCH_PEER_THREADS", str(PEER_THREADS))),
             only=frozenset(s.strip() for s in env.get("BENCH_ONLY", SCENARIOS).split(",") if s.strip()),
             out=Path(env["BENCH_OUT"]) if env.get("BENCH_OUT") else None,
+            budget_s=float(env.get("BENCH_BUDGET_S", str(BUDGET_S))),
         )
 
     @property

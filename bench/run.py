@@ -16,7 +16,9 @@ default 161 rounds or 420 streams in those rounds, whichever comes first), ``BEN
 (default 256), ``BENCH_PORT`` (default 18731), ``BENCH_THREADS`` (llama-server threads, default 1), ``BENCH_ONLY``
 (comma list of p1,p3,p4,p5,p6,p7,p8,p9,p17,p18,p11,...,p16 to run a subset, p2 runs with p1; the report then holds only those),
 ``BENCH_PEER_THREADS`` (llama.cpp threads of ours and the peers in P11-P16, default 1),
-``BENCH_OUT`` (a directory for the report instead of docs/ and bench/, e.g. for a second run to compare).
+``BENCH_OUT`` (a directory for the report instead of docs/ and bench/, e.g. for a second run to compare),
+``BENCH_BUDGET_S`` (the run's time, default 3540: past a scenario's point in bench/config.py's schedule it adds no
+rounds, and stops its first ones at a floor).
 
 This module only orchestrates: settings in bench/config.py, the scenarios in bench/scenarios/, the report in
 bench/report.py.
@@ -29,6 +31,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -36,7 +39,7 @@ from typing import Any
 if not __package__:  # run as a script: the repository root, for ``bench`` and ``scripts``
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import machine, report
+from bench import machine, report, rounds
 from bench.config import GOALS, N_CTX, N_PARALLEL, Config
 from bench.log import log
 from bench.measure import ServerLog
@@ -53,8 +56,8 @@ from gguf_provider.engine import Engine, EngineConfig
 from gguf_provider.runtime import discovery, server_options
 
 
-def shared_server_benches(cfg: Config, small: Path, res: dict[str, Any]) -> None:
-    """P1–P5 on one shared server, pinned to its own core."""
+def shared_server_benches(cfg: Config, at: Callable[[str], Config], small: Path, res: dict[str, Any]) -> None:
+    """P1–P5 on one shared server, pinned to its own core; ``at(key)``: the config of scenario ``key``."""
     log(f"starting the shared server ({small.name}, TCP port {cfg.port})")
     # Speculation off: P1–P5 measure the clients, one token per server write (P7/P8 measure speculation).
     engine = Engine(EngineConfig(model_path=str(small), n_ctx=N_CTX, n_parallel=N_PARALLEL, port=cfg.port,
@@ -69,13 +72,13 @@ def shared_server_benches(cfg: Config, small: Path, res: dict[str, Any]) -> None
     log(f"pinning: {res['pinning']}; client cores kept awake: {res['awake']}")
     try:
         if "p1" in cfg.only:
-            res["p1"] = bench_stream(cfg, url, api_key, ServerLog(info.log_path), awake)
+            res["p1"] = bench_stream(at("p1"), url, api_key, ServerLog(info.log_path), awake)
         if "p4" in cfg.only:
-            res["p4"] = bench_multiturn(cfg, url, api_key)
+            res["p4"] = bench_multiturn(at("p4"), url, api_key)
         if "p5" in cfg.only:
-            res["p5"] = bench_batch(cfg, url, api_key, ServerLog(info.log_path))
+            res["p5"] = bench_batch(at("p5"), url, api_key, ServerLog(info.log_path))
         if "p3" in cfg.only:
-            res["p3"] = {"attach": bench_attach(cfg, small, url, api_key, GOALS["p3_attach"])}
+            res["p3"] = {"attach": bench_attach(at("p3"), small, url, api_key, GOALS["p3_attach"])}
     finally:
         awake.stop()
         machine.unpin(info.pid)
@@ -95,8 +98,8 @@ def peer_inputs(cfg: Config) -> dict[str, Path]:
     return {"coder15": ensure("coder15"), "minilm": ensure("minilm"), "minilm_hf": ensure_minilm_hf()}
 
 
-def peer_benches(cfg: Config, small: Path, large: Path, files: dict[str, Path], res: dict[str, Any],
-                 results_path: Path) -> None:
+def peer_benches(cfg: Config, at: Callable[[str], Config], small: Path, large: Path, files: dict[str, Path],
+                 res: dict[str, Any], results_path: Path) -> None:
     """P11-P16: against what users pick instead (llama-cpp-python in process, sentence-transformers) and a draft
     model; the peers come from scripts/bench_peers.py (``make bench`` installs them)."""
     from bench.scenarios import draft, embeddings, peer_start, peers
@@ -104,18 +107,21 @@ def peer_benches(cfg: Config, small: Path, large: Path, files: dict[str, Path], 
     if not cfg.only & PEERS:
         return
     coder = files["coder15"]
-    # P13/P14 start fresh processes every round: fewer rounds (their bands are narrow) keep `make bench` within an hour
-    short = replace(cfg, rounds=min(cfg.rounds, 3), max_rounds=min(cfg.max_rounds, 7))
+
+    def short(key: str, rounds: int = 3) -> Config:
+        # P13/P14 start fresh processes every round: fewer rounds (their bands are narrow) keep `make bench` in an hour
+        return replace(at(key), rounds=min(cfg.rounds, rounds), max_rounds=min(cfg.max_rounds, 7))
+
     models = {"SmolLM2": small, "Qwen2.5-Coder-1.5B": coder}
     steps: list[tuple[str, Any]] = [
-        ("p11", lambda: peers.bench_single(cfg, models)),
-        ("p11_defaults", lambda: peers.bench_defaults(cfg, large)),
-        ("p12", lambda: peers.bench_concurrent(cfg, models, "Qwen2.5-Coder-1.5B")),
-        ("p13", lambda: peer_start.bench_memory(short, small, coder)),
-        ("p14", lambda: peer_start.bench_start(short, small)),
-        ("p14_coder", lambda: peer_start.bench_start(replace(short, rounds=2), coder)),  # a model of a size users run
-        ("p15", lambda: embeddings.bench_embeddings(cfg, files["minilm"], files["minilm_hf"])),
-        ("p16", lambda: draft.bench_draft(cfg, coder, large)),
+        ("p11", lambda: peers.bench_single(at("p11"), models)),
+        ("p11_defaults", lambda: peers.bench_defaults(at("p11_defaults"), large)),
+        ("p12", lambda: peers.bench_concurrent(at("p12"), models, "Qwen2.5-Coder-1.5B")),
+        ("p13", lambda: peer_start.bench_memory(short("p13"), small, coder)),
+        ("p14", lambda: peer_start.bench_start(short("p14"), small)),
+        ("p14_coder", lambda: peer_start.bench_start(short("p14_coder", 2), coder)),  # a model of a size users run
+        ("p15", lambda: embeddings.bench_embeddings(at("p15"), files["minilm"], files["minilm_hf"])),
+        ("p16", lambda: draft.bench_draft(at("p16"), coder, large)),
     ]
     for key, fn in steps:
         if key.split("_")[0] not in cfg.only:
@@ -144,6 +150,11 @@ def run(cfg: Config, results_path: Path) -> dict[str, Any]:
     from scripts.test_models import ensure  # it puts the repository root on sys.path
 
     started = time.perf_counter()
+    clock = time.monotonic()
+
+    def at(key: str) -> Config:
+        return cfg.scheduled(key, clock)
+
     small, large = ensure("smollm2"), ensure("qwen")
     peer_files = peer_inputs(cfg)  # before the private home: they live in the user's cache
     private_home()
@@ -161,22 +172,24 @@ def run(cfg: Config, results_path: Path) -> dict[str, Any]:
         res["p2_replay"] = bench_replay(cfg)
         log("P2 replayed: " + ", ".join(f"{n} {v:.1f} µs/tok" for n, v in res["p2_replay"]["us_per_token"].items()))
     if cfg.only & {"p1", "p3", "p4", "p5"}:
-        shared_server_benches(cfg, small, res)
+        shared_server_benches(cfg, at, small, res)
         results_path.write_text(json.dumps(res, indent=1, default=str))  # kept if a later part fails
     if "p3" in cfg.only:
-        res["p3"]["cold"] = bench_cold(cfg, small, GOALS["p3_cold"])
-        res["p3"]["import"] = bench_import(cfg, GOALS["p3_import"])
+        res["p3"]["cold"] = bench_cold(at("p3"), small, GOALS["p3_cold"])
+        res["p3"]["import"] = bench_import(at("p3"), GOALS["p3_import"])
     if "p7" in cfg.only or "p8" in cfg.only:
-        res["p7"] = bench_speculative(cfg, large)
+        res["p7"] = bench_speculative(at("p7"), large)
     if "p9" in cfg.only:
         res["p9"] = bench_cache_type(large)
     if "p17" in cfg.only:
-        res["p17"] = bench_prompt_cache(cfg, small)
+        res["p17"] = bench_prompt_cache(at("p17"), small)
     if "p18" in cfg.only:
-        res["p18"] = bench_cache_reuse(cfg, small, server_options.DEFAULT_CACHE_REUSE)
-    peer_benches(cfg, small, large, peer_files, res, results_path)
+        res["p18"] = bench_cache_reuse(at("p18"), small, server_options.DEFAULT_CACHE_REUSE)
+    peer_benches(cfg, at, small, large, peer_files, res, results_path)
     res["machine"]["load_after"] = list(os.getloadavg())
     res["elapsed_s"] = time.perf_counter() - started
+    res["budget_s"] = cfg.budget_s
+    res["cut_by_schedule"] = list(rounds.CUT)
     return res
 
 

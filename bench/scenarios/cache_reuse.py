@@ -20,6 +20,7 @@ it is reused (bench/NOTES.md).
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +135,7 @@ def bench_cache_reuse(cfg: Config, model: Path, chunk: int) -> dict[str, Any]:
     its own tool results or questions; token counts, not times, so a few show that they hold)."""
     out: dict[str, Any] = {"model": model.name, "chunk": chunk, "turns": TURNS, "summary_turn": SUMMARY_TURN,
                            "keep": KEEP, "window_messages": WINDOW, "reply_tokens": REPLY_TOKENS}
-    rounds = Config(rounds=min(cfg.rounds, 2), max_rounds=min(cfg.max_rounds, 2))
+    rounds = replace(cfg, rounds=min(cfg.rounds, 2), max_rounds=min(cfg.max_rounds, 2))
     for mode in MODES:
         loops: list[dict[str, list[int]]] = []
 

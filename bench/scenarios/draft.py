@@ -11,6 +11,7 @@ decides, but verifying a batch rounds differently from one token at a time, so a
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,8 @@ def bench_draft(cfg: Config, target: Path, draft: Path) -> dict[str, Any]:
         def worst() -> list[float]:  # more rounds while the edit verdict is undecided
             return ratio("edit", "draft")
 
-        out["rounds"] = adaptive(Config(rounds=ROUNDS, max_rounds=ROUNDS + 2), "P16", step, worst, GOALS["p16_edit"])
+        out["rounds"] = adaptive(replace(cfg, rounds=ROUNDS, max_rounds=ROUNDS + 2), "P16", step, worst,
+                                 GOALS["p16_edit"], least=1)
         out.update({
             "edit_ratio": summary(ratio("edit", "draft"), GOALS["p16_edit"]),
             "chat_ratio": summary(ratio("chat", "draft"), GOALS["p16_chat"]),

@@ -252,7 +252,8 @@ def bench_embeddings(cfg: Config, model: Path, folder: Path) -> dict[str, Any]:
 
             # the first SLICES rounds are one pass over all chunks; more only while the verdict is within noise
             capped = replace(cfg, rounds=SLICES, max_rounds=max(SLICES, min(cfg.max_rounds, MAX_ROUNDS)))
-            out["rounds"] = adaptive(capped, "P15", step, lambda: ratios(ours_s, theirs_s), GOALS["p15"])
+            out["rounds"] = adaptive(capped, "P15", step, lambda: ratios(ours_s, theirs_s), GOALS["p15"],
+                                     least=SLICES)
             theirs.ask({"query": str(tmp / "theirs_q.npy")})
             ours_q = np.asarray([emb.embed_query(q) for q in queries], dtype=np.float32)
             out.update(quality(ours_v, np.concatenate(theirs_v), ours_q, np.load(tmp / "theirs_q.npy")))

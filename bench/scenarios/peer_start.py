@@ -27,7 +27,7 @@ import psutil
 
 from bench.config import GOALS, ROOT, Config
 from bench.log import log
-from bench.rounds import adaptive
+from bench.rounds import adaptive, late
 from bench.stats import summary
 from gguf_provider.runtime import registry
 
@@ -245,6 +245,8 @@ def _memory_model(cfg: Config, key: str, model: Path, rounds: int | None, n_ctx:
         adaptive(cfg, what, step, ratio, goal)
     else:
         for r in range(rounds):
+            if r >= 1 and late(cfg, what, r):
+                break
             step(r)
 
     def s(side: list[dict[str, Any]], k: str) -> dict[str, Any]:

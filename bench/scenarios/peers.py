@@ -26,12 +26,13 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from bench.config import BATCH, GOALS, ROOT, Config
 from bench.log import log
-from bench.rounds import adaptive
+from bench.rounds import adaptive, late
 from bench.scenarios.speculative import (
     CHAT_TASK,
     CHAT_TOKENS,
@@ -196,8 +197,8 @@ def _single(cfg: Config, label: str, model: Path) -> dict[str, Any]:
         # the 1.5B streams at ~9 tok/s on one thread: 2 rounds (+2 while within noise), ~2 min a round
         small = model.stat().st_size < 500e6
         rounds = min(cfg.rounds, 4) if small else 2
-        adaptive(Config(rounds=rounds, max_rounds=min(cfg.max_rounds, 2 * rounds)), f"P11 {label}", step, worst,
-                 GOALS["p11"])
+        adaptive(replace(cfg, rounds=rounds, max_rounds=min(cfg.max_rounds, 2 * rounds)), f"P11 {label}", step,
+                 worst, GOALS["p11"])
         per_model: dict[str, Any] = {"file": model.name}
         for k, pair in FRAMEWORKS.items():
             o, t = res[k]["ours"], res[k]["theirs"]
@@ -235,6 +236,8 @@ def bench_defaults(cfg: Config, model: Path) -> dict[str, Any]:
                 t: list[dict[str, Any]] = []
                 error = None
                 for r in range(max(2, cfg.rounds // 4)):
+                    if r >= 1 and late(cfg, f"P11 defaults, {task}, {k}", r):
+                        break
                     text = content.format(topic=CHAT_TOPICS[-1 - r]) if task == "chat" else content
                     for side in (["ours", "theirs"] if r % 2 == 0 else ["theirs", "ours"]):
                         if side == "ours":
@@ -325,8 +328,8 @@ def _concurrent(cfg: Config, label: str, model: Path, out: dict[str, Any] | None
             log(f"P12 {label} round {r + 1}: ours one stream {one[-1]:.1f}, four at once {four[-1]:.1f} tok/s"
                 + (f"; ChatLlamaCpp batch(max_concurrency=1) {theirs[-1]:.1f} tok/s" if peer else ""))
 
-        rounds = 3
-        adaptive(Config(rounds=rounds, max_rounds=rounds + 2), f"P12 {label}", step,
+        rounds = 2  # + 2 while within noise: P12 on the 1.5B is ~3 minutes a round
+        adaptive(replace(cfg, rounds=rounds, max_rounds=rounds + 2), f"P12 {label}", step,
                  lambda: [f / t for f, t in zip(four, theirs, strict=True)], GOALS["p12"] if peer else None)
     finally:
         if peer is not None:

@@ -9,6 +9,7 @@ from bench import machine
 from bench.clients import SEED
 from bench.config import GOALS, N_CTX, ROOT, Config
 from bench.log import log
+from bench.rounds import late
 from bench.stats import summary, undecided
 from gguf_provider.engine import Engine, EngineConfig
 from gguf_provider.events import TextDelta, Timings
@@ -119,6 +120,8 @@ def bench_speculative(cfg: Config, model: Path) -> dict[str, Any]:
         while True:
             p7_more = r < rounds or (undecided(ratio(edit_speed), GOALS["p7"]) and r < p7_max_rounds)
             if not (p7_more or (undecided(ratio(chat_speed), GOALS["p8"]) and r < p8_max_rounds)):
+                break
+            if r >= 2 and late(cfg, "P7/P8", r):
                 break
             step(r, with_edit=p7_more)
             r += 1

@@ -12,9 +12,11 @@ from bench.log import log
 from bench.measure import ServerLog, measure
 from bench.replay import clients as replay_clients
 from bench.replay import replay_cpu
+from bench.rounds import late
 from bench.stats import summary, undecided
 
 Stream = dict[str, Any]
+P1_LEAST = 5  # full rounds (every client) a run behind its schedule still makes
 
 
 def floor_pairs(clients: dict[str, Client]) -> dict[str, str]:
@@ -111,12 +113,15 @@ def bench_stream(cfg: Config, url: str, api_key: str, server_log: ServerLog | No
             r += 1
             log(f"P1/P2 round {r}: " + ", ".join(f"{n} {x['cpu'] / cfg.tokens * 1e6:.0f} µs/tok"
                                                  for n, x in got.items()))
-            if r < cfg.rounds:
+            if r < cfg.rounds and not (r >= P1_LEAST and late(cfg, "P1/P2", r)):
                 continue
             metrics = stream_metrics(runs, pairs, cfg.tokens)
+            if r < cfg.rounds:  # past its point in the run's schedule
+                break
             open_ = stream_undecided(metrics)
             todo = {n for _, name in open_ for n in (name, pairs[name])}  # only the pairs still within noise
-            if not open_ or r >= cfg.pair_max_rounds or pair_streams + len(todo) > cfg.pair_max_streams:
+            if (not open_ or r >= cfg.pair_max_rounds or pair_streams + len(todo) > cfg.pair_max_streams
+                    or late(cfg, "P1/P2", r)):
                 break
             if (r - cfg.rounds) % MORE == 0:
                 log(f"P1/P2: within noise after {r} rounds ({', '.join(f'{k}:{n}' for k, n in open_)}): "

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench import report
-from bench.config import Config
+from bench import report, rounds
+from bench.config import BUDGET_S, SCENARIOS, SCHEDULE_MIN, Config
 from bench.measure import ServerLog
 from bench.rounds import adaptive
 from bench.run import main
@@ -64,6 +66,36 @@ def test_rounds_are_added_only_while_a_verdict_is_within_noise(values: list[floa
                  Goal(">=", 0.5))
     assert n == expected == len(seen)
     assert adaptive(Config(rounds=3, max_rounds=6), "test", lambda r: None, lambda: [], None) == 3
+
+
+def test_a_scenario_past_its_point_in_the_schedule_adds_no_rounds() -> None:
+    """The hour's budget: with the run behind (``until`` passed), a within-noise verdict gets no more rounds and the
+    first ones stop at the floor; the cut is recorded for the report. Ahead of it, nothing changes."""
+    noisy = [0.0, 1.0] * 20
+    seen: list[float] = []
+    rounds.CUT.clear()
+    ahead = Config(rounds=3, max_rounds=6, until=time.monotonic() + 3600)
+    assert adaptive(ahead, "ahead", lambda r: seen.append(noisy[r]), lambda: seen, Goal(">=", 0.5)) == 6
+    assert rounds.CUT == []
+    behind = Config(rounds=3, max_rounds=6, until=time.monotonic() - 1)
+    seen.clear()
+    assert adaptive(behind, "behind", lambda r: seen.append(noisy[r]), lambda: seen, Goal(">=", 0.5)) == 2
+    assert adaptive(behind, "floor", lambda r: None, lambda: [], None, least=1) == 1
+    assert adaptive(behind, "decided", lambda r: None, lambda: [1.0, 1.0], Goal(">=", 0.5), least=3) == 3
+    assert rounds.CUT == ["behind (2 rounds)", "floor (1 rounds)"]
+    rounds.CUT.clear()
+
+
+def test_the_schedule_spreads_the_budget_over_the_scenarios_in_their_order() -> None:
+    cfg = Config.from_env({"BENCH_BUDGET_S": "600"})
+    assert cfg.budget_s == 600 and Config().budget_s == BUDGET_S <= 3600  # `make bench` within an hour
+    assert cfg.scheduled("p16", 100.0).until == pytest.approx(700.0)  # the last scenario ends with the budget
+    times = [cfg.scheduled(k, 0.0).until for k in SCHEDULE_MIN]
+    assert times == sorted(times) and times[-1] == max(times)
+    # every scenario run.py schedules has its point; the scenario list names every key's scenario
+    calls = re.findall(r'(?:at|short)\("(\w+)"', (ROOT / "bench" / "run.py").read_text())
+    assert len(calls) > 10 and set(calls) <= set(SCHEDULE_MIN)
+    assert {k.split("_")[0] for k in SCHEDULE_MIN} <= set(SCENARIOS.split(","))
 
 
 def _stream(wall: float, cpu: float, server: float) -> dict[str, Any]:
