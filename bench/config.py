@@ -52,7 +52,7 @@ GOALS = {
 # at its floor (``adaptive``'s ``least``). So a slower machine gets fewer rounds, not a longer run.
 BUDGET_S = 3540
 # Minute of a BUDGET_S run by which each scenario (in run.py's order) is done, from a run on the 2-core reference.
-SCHEDULE_MIN = {"p1": 13, "p4": 14, "p5": 15.5, "p3": 18, "p7": 23, "p17": 24.5, "p18": 25.5, "p11": 31.5,
+SCHEDULE_MIN = {"p1": 11, "p4": 14, "p5": 15.5, "p3": 18, "p7": 23, "p17": 24.5, "p18": 25.5, "p11": 31.5,
                 "p11_defaults": 35, "p12": 40, "p13": 42.5, "p14": 44, "p14_coder": 45, "p15": 53.5, "p16": 59}
 # P11-P16: llama.cpp threads of ours and theirs alike. One: llama-cpp-python's own default on 2 cores (half the
 # cores), and with two threads beside other work llama.cpp's threads stall at their barriers (NOTES: Pinning).

@@ -216,6 +216,7 @@ def write_markdown(res: dict[str, Any], path: Path, cfg: Config) -> None:
            if res.get("p1", {}).get("pair_streams") is not None else "")
         + f"){sped_text(res)}; "
         f"total run time {res['elapsed_s']:.0f} s.",
+        *([run_time(res, full=True)] if "budget_s" in res else []),
         "",
         "| Metric | Client | Median | Band | Min–max | Goal | Verdict |",
         "|---|---|---|---|---|---|---|",
@@ -292,6 +293,15 @@ def summary_table(all_rows: list[Row]) -> list[str]:
     return lines
 
 
+def run_time(res: dict[str, Any], full: bool = False) -> str:
+    """The run's time against its budget, and the scenarios its schedule cut short (bench/config.py): how many, or
+    (``full``) which."""
+    cut = res.get("cut_by_schedule") or []
+    which = ": " + ", ".join(cut) if full else f" for {len(cut)} measurements ([which](../bench/results.md))"
+    return (f"This run took {res['elapsed_s'] / 60:.0f} min (budget {res['budget_s'] / 60:.0f}, `BENCH_BUDGET_S`)"
+            + (f"; fewer rounds, as it was behind its schedule{which}." if cut else "."))
+
+
 def write_summary(res: dict[str, Any], path: Path, cfg: Config) -> None:
     """docs/benchmarks.md: how to read a verdict, the machine in one line, the rows that have a goal, speculation's
     figure and the chart. Every other metric is in the full report (``write_markdown``)."""
@@ -313,6 +323,8 @@ def write_summary(res: dict[str, Any], path: Path, cfg: Config) -> None:
         mg = res["merged"]
         lines += [f"P3 and P11–P16: a later run of them alone ({mg['part_elapsed_s'] / 60:.0f} min); the rest: the "
                   f"full run before ({mg['base_elapsed_s'] / 60:.0f} min).", ""]
+    elif "budget_s" in res:
+        lines += [run_time(res), ""]
     lines += [
         "| Metric | Client | Median | Band | Goal | Verdict |",
         "|---|---|---|---|---|---|",

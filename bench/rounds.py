@@ -19,7 +19,7 @@ def late(cfg: Config, what: str, rounds: int) -> bool:
         return False
     if not any(c.startswith(f"{what} (") for c in CUT):
         log(f"{what}: past its point in the run's schedule: no more rounds ({rounds} run)")
-        CUT.append(f"{what} ({rounds} rounds)")
+        CUT.append(f"{what} ({rounds} round{'s' if rounds != 1 else ''})")
     return True
 
 

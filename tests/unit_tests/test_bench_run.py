@@ -82,7 +82,7 @@ def test_a_scenario_past_its_point_in_the_schedule_adds_no_rounds() -> None:
     assert adaptive(behind, "behind", lambda r: seen.append(noisy[r]), lambda: seen, Goal(">=", 0.5)) == 2
     assert adaptive(behind, "floor", lambda r: None, lambda: [], None, least=1) == 1
     assert adaptive(behind, "decided", lambda r: None, lambda: [1.0, 1.0], Goal(">=", 0.5), least=3) == 3
-    assert rounds.CUT == ["behind (2 rounds)", "floor (1 rounds)"]
+    assert rounds.CUT == ["behind (2 rounds)", "floor (1 round)"]
     rounds.CUT.clear()
 
 
@@ -203,3 +203,16 @@ def test_a_failed_scenario_is_said_not_rendered(tmp_path: Path) -> None:
     text = md.read_text()
     assert "P16 failed in this run: RuntimeError: draft server did not start" in text
     assert not [r for r in report.rows(res) if r[0].startswith("P16")]
+
+
+def test_the_summary_says_the_run_time_and_what_the_schedule_cut(tmp_path: Path) -> None:
+    res = json.loads(RESULTS.read_text())
+    res.pop("merged", None)
+    res.update(elapsed_s=3300.0, budget_s=3540.0, cut_by_schedule=["P17 (2 rounds)", "P16 (1 round)"])
+    md = tmp_path / "benchmarks.md"
+    report.write_summary(res, md, Config())
+    assert ("This run took 55 min (budget 59, `BENCH_BUDGET_S`); fewer rounds, as it was behind its schedule for 2 "
+            "measurements") in md.read_text()
+    full = tmp_path / "results.md"
+    report.write_markdown(res, full, Config())
+    assert "behind its schedule: P17 (2 rounds), P16 (1 round)." in full.read_text()
