@@ -299,7 +299,7 @@ def run_time(res: dict[str, Any], full: bool = False) -> str:
     cut = res.get("cut_by_schedule") or []
     which = ": " + ", ".join(cut) if full else f" for {len(cut)} measurements ([which](../bench/results.md))"
     return (f"This run took {res['elapsed_s'] / 60:.0f} min (budget {res['budget_s'] / 60:.0f}, `BENCH_BUDGET_S`)"
-            + (f"; fewer rounds, as it was behind its schedule{which}." if cut else "."))
+            + (f"; behind schedule, fewer rounds{which}." if cut else "."))
 
 
 def write_summary(res: dict[str, Any], path: Path, cfg: Config) -> None:
