@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import __version__, logs
+from . import __version__, flags, logs
 from .errors import GGUFProviderError
 
 
@@ -254,9 +254,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .engine import Engine, EngineConfig
 
     try:
-        engine = Engine(EngineConfig(model=args.spec, port=args.port, n_ctx=args.ctx, keep_alive=0,
-                                     speculative=args.speculative, kv_cache_type=args.kv_cache_type,
-                                     rpc_servers=args.rpc))
+        engine = Engine(EngineConfig(model=args.spec, quant=args.quant, keep_alive=0, **flags.values(args)))
         info = engine.load()
     except ValueError as exc:  # a speculative or cache type this build (or the fit) does not know, a bad worker
         print(f"gguf-provider: error: {exc}", file=sys.stderr)
@@ -373,7 +371,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
     if not texts:
         print("gguf-provider: error: give texts as arguments or one per line on stdin", file=sys.stderr)
         return 2
-    engine = Engine(EngineConfig(model=args.spec, embedding=True, pooling=args.pooling, n_ctx=args.ctx))
+    engine = Engine(EngineConfig(model=args.spec, embedding=True, **flags.values(args, ("server", "embedding"))))
     try:
         vectors = engine.embed(texts, truncate=args.truncate)
     finally:
@@ -395,7 +393,7 @@ def cmd_rerank(args: argparse.Namespace) -> int:
     if not docs:
         print("gguf-provider: error: give documents as arguments or one per line on stdin", file=sys.stderr)
         return 2
-    engine = Engine(EngineConfig(model=args.spec, rerank=True, n_ctx=args.ctx))
+    engine = Engine(EngineConfig(model=args.spec, rerank=True, **flags.values(args, ("server",))))
     try:
         ranked = engine.rerank(args.query, docs, top_n=args.top_n)
     finally:
@@ -481,16 +479,9 @@ def build_parser() -> argparse.ArgumentParser:
     pull.add_argument("--vision", action="store_true")
     _command(sub, "models", cmd_models, "list local GGUF models (models dirs and HF cache)", json_flag=True)
     serve = _command(sub, "serve", cmd_serve, "run a model in the foreground (shared with other clients)")
-    serve.add_argument("spec")
-    serve.add_argument("--port", type=int)
-    serve.add_argument("--ctx", type=int)
-    serve.add_argument("--speculative", default="auto", metavar="auto|off|ngram|TYPE|DRAFT",
-                       help="speculative decoding: the build's n-gram default (auto), off, an n-gram type "
-                            "(ngram-mod, ...) or a draft model with the same vocabulary (default: auto)")
-    serve.add_argument("--kv-cache-type", default="f16", metavar="TYPE",
-                       help="K and V cache type: f16 (default), q8_0, q4_0, ... as the build lists")
-    serve.add_argument("--rpc", default="", metavar="HOST:PORT,...",
-                       help="RPC workers (`gguf-provider rpc-worker`) to spread the model over (docs/distributed.md)")
+    serve.add_argument("spec", help="a model: path, name in the models dir, or org/repo[:QUANT]")
+    serve.add_argument("--quant", help="the quantization to pick from a repo (as :QUANT)")
+    flags.add_to(serve)  # every llama-server option of a chat model, as ChatGGUF and GGUF take it
     worker = _command(sub, "rpc-worker", cmd_rpc_worker,
                       "run a llama.cpp RPC worker (rpc-server) in the foreground for another machine's llama-server")
     worker.add_argument("--host", default="127.0.0.1",
@@ -505,11 +496,9 @@ def build_parser() -> argparse.ArgumentParser:
                      json_flag=True)
     embed.add_argument("spec", help="an embedding model: path, name in the models dir, or org/repo[:QUANT]")
     embed.add_argument("text", nargs="*")
-    embed.add_argument("--pooling", choices=["mean", "cls", "last", "rank"],
-                       help="default: the model's own (its GGUF header), mean for a chat model")
     embed.add_argument("--truncate", action="store_true",
                        help="embed the first tokens of a text longer than the model's context instead of failing")
-    embed.add_argument("--ctx", type=int)
+    flags.add_to(embed, ("server", "embedding"))  # as GGUFEmbeddings and GGUFEmbedding take them
     rerank = _command(sub, "rerank", cmd_rerank, "rank documents (arguments, or lines of stdin) by a reranker model's "
                       "relevance score to a query: rank, score, document per line, best first", json_flag=True)
     rerank.add_argument("spec", help="a reranker model (e.g. bge-reranker-v2-m3): path, name in the models dir, or "
@@ -517,7 +506,7 @@ def build_parser() -> argparse.ArgumentParser:
     rerank.add_argument("query")
     rerank.add_argument("document", nargs="*")
     rerank.add_argument("--top-n", type=int, help="print only the best N (default: all)")
-    rerank.add_argument("--ctx", type=int)
+    flags.add_to(rerank, ("server",))
     return p
 
 
@@ -532,6 +521,9 @@ def main(argv: list[str] | None = None) -> int:
     except GGUFProviderError as exc:
         print(f"gguf-provider: error: {exc}", file=sys.stderr)
         return 1
+    except ValueError as exc:  # an option's value, refused by its declaration's check before anything started
+        print(f"gguf-provider: error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

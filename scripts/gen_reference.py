@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 from pydantic import BaseModel  # noqa: E402
 from pydantic.fields import FieldInfo  # noqa: E402
 
-from gguf_provider import options  # noqa: E402
+from gguf_provider import flags, options  # noqa: E402
 from gguf_provider.runtime import server_options  # noqa: E402
 
 TARGET = ROOT / "docs" / "reference.md"
@@ -60,14 +60,15 @@ IDENTITY = {"args": "yes", "file": "yes (the file)", "binary": "yes (the binary)
 
 def server_table() -> list[str]:
     """What each llama-server option becomes, from its declaration (gguf_provider/runtime/server_options.py)."""
-    rows = ["| option | llama-server flags | part of the server's identity | needs the build to have |",
-            "|---|---|---|---|"]
+    rows = ["| option | flag | llama-server flags | part of the server's identity | needs the build to have |",
+            "|---|---|---|---|---|"]
     for o in server_options.OPTIONS:
-        flags = ", ".join(f"`{f}`" for f in o.flags) or ("the command itself" if o.identity == "binary" else
+        flag = f"`{flags.label(o)}`" if o.group else "-"
+        llama = ", ".join(f"`{f}`" for f in o.flags) or ("the command itself" if o.identity == "binary" else
                                                           "its values, as they are, last")
         ident = IDENTITY[o.identity] + ("" if o.family else " (a larger value serves a smaller)")
         needs = " or ".join(f"`{f}`" for f in o.needs) or "-"
-        rows.append(f"| `{o.name}` | {flags} | {ident} | {needs} |")
+        rows.append(f"| `{o.name}` | {flag} | {llama} | {ident} | {needs} |")
     return rows
 
 
@@ -124,10 +125,11 @@ def render() -> str:
         if names:
             out += ["", f"## `{cls.__name__}` only", ""] + table(cls, names)
     out += ["", "## What each server option becomes", "",
-            "From `gguf_provider/runtime/server_options.py`: the flags each option becomes, whether it is part of "
-            "the server's identity (another value, another server) and the build flags it needs (probed from "
-            "`--help`: without them speculation is left off with a warning, a KV cache type is refused, others fail "
-            "the start with llama-server's reason).", ""]
+            "From `gguf_provider/runtime/server_options.py`: each option's flag (`gguf-provider serve` and "
+            "`%gguf load` take the server and chat options, `gguf-provider embed` the server and embedding ones, "
+            "`gguf-provider rerank` the server ones), the llama-server flags it becomes, whether it is part of the "
+            "server's identity (another value, another server) and the build flags it needs (probed from `--help`: "
+            "without them speculation is left off, a KV cache type is refused, others fail the start).", ""]
     out += server_table()
     return "\n".join(out) + "\n"
 

@@ -8,6 +8,7 @@ by scripts/test_models.py.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,11 @@ os.environ.setdefault("GGUF_PROVIDER_KEEP_ALIVE", "0")
 os.environ.setdefault("GGUF_PROVIDER_AUTO_INSTALL", "0")
 for _k in [k for k in os.environ if k.startswith("LLAMA_ARG_")]:
     del os.environ[_k]
+# Under `nohup` SIGHUP is ignored, and an ignored signal stays ignored through exec in every child, so the kill
+# matrix's SIGHUP cases would find their scripts immune. A handler is reset to the default by exec: the suite still
+# outlives a hang-up, the processes it starts get the disposition a user's script has.
+if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, lambda _sig, _frame: None)
 
 # Shared fixtures and hooks: `rt` (a private home and runtime dir around the installed llama-server), the guard
 # that keeps tests/unit_tests offline, the skip (or, under `make test`, the error) when the integration tests' server

@@ -26,7 +26,7 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from .. import chat, logs, status
+from .. import chat, flags, logs, status
 from ..engine import Engine, EngineConfig
 from ..errors import GGUFProviderError, ServerError
 from ..events import Collector, ReasoningDelta, TextDelta, Timings, ToolCallDelta, Usage
@@ -67,6 +67,24 @@ class _ArgParser(argparse.ArgumentParser):
 
     def exit(self, status: int = 0, message: str | None = None) -> Any:
         raise UsageError(message or self.format_usage())
+
+
+def _load_parser() -> _ArgParser:
+    p = _ArgParser(prog="%gguf load", add_help=False)
+    p.add_argument("spec")
+    p.add_argument("--quant")
+    p.add_argument("--as", dest="alias")
+    p.add_argument("--reasoning", choices=["on", "off", "low", "medium", "high"])
+    flags.add_to(p)  # every llama-server option of a chat model, as ChatGGUF and GGUF take it
+    return p
+
+
+def load_config(ns: argparse.Namespace) -> EngineConfig:
+    """``%gguf load``'s engine config; a wrong value is a UsageError here, before anything starts."""
+    try:
+        return EngineConfig(model=ns.spec, quant=ns.quant, **flags.values(ns))
+    except ValueError as exc:
+        raise UsageError(f"%gguf load: {exc}") from None
 
 
 def _cell_parser() -> _ArgParser:
@@ -266,27 +284,9 @@ class GGUFMagics(Magics):
         return handler(rest)
 
     def _cmd_load(self, args: list[str]) -> ModelSummary:
-        p = _ArgParser(prog="%gguf load", add_help=False)
-        p.add_argument("spec")
-        p.add_argument("--quant")
-        p.add_argument("--ctx", type=int)
-        p.add_argument("--as", dest="alias")
-        p.add_argument("--reasoning", choices=["on", "off", "low", "medium", "high"])
-        p.add_argument("--chat-template-file")
-        p.add_argument("--vision", action="store_true")
-        p.add_argument("--mmproj")
-        p.add_argument("--speculative", default="auto", metavar="auto|off|ngram|TYPE|DRAFT")
-        p.add_argument("--kv-cache-type", default="f16", metavar="TYPE")
-        p.add_argument("--rpc", default="", metavar="HOST:PORT,...")
-        ns = p.parse_args(args)
+        ns = _load_parser().parse_args(args)
         name = ns.alias or ns.spec.rsplit("/", 1)[-1].removesuffix(".gguf")
-        try:
-            config = EngineConfig(model=ns.spec, quant=ns.quant, n_ctx=ns.ctx,
-                                  chat_template_file=ns.chat_template_file, vision=ns.vision or bool(ns.mmproj),
-                                  mmproj=ns.mmproj, speculative=ns.speculative, kv_cache_type=ns.kv_cache_type,
-                                  rpc_servers=ns.rpc)
-        except ValueError as exc:
-            raise UsageError(f"%gguf load: {exc}") from None
+        config = load_config(ns)
         progress = _Progress(self._shell)
         engine = Engine(replace(config, progress=progress))
         try:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from gguf_provider import ChatGGUF
@@ -55,10 +56,12 @@ def test_cli_pull_then_models_lists_it(hub: HFEndpoint) -> None:
 
 
 def test_cli_serve_ps_stop(smollm2_path: Path) -> None:
-    """`serve` on a TCP port: listed by `ps --json`, refuses requests without the key, stopped by `stop`."""
+    """`serve` on a TCP port: listed by `ps --json`, refuses requests without the key, stopped by `stop`. Server
+    options given as flags (gguf_provider/flags.py) reach the server's command line and `ps`."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    serve = subprocess.Popen([*CLI, "serve", str(smollm2_path), "--port", "0", "--ctx", "1024"],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    serve = subprocess.Popen([*CLI, "serve", str(smollm2_path), "--port", "0", "--ctx", "1024", "--n-parallel", "2",
+                              "--cache-reuse", "0", "--no-prompt-cache", "--server-arg=--threads", "--server-arg",
+                              "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         assert serve.stdout is not None
         line = serving_line(serve.stdout)
@@ -69,6 +72,11 @@ def test_cli_serve_ps_stop(smollm2_path: Path) -> None:
         url = row["address"]
         assert row["pid"] > 0 and row["ctx"] == 1024 and row["rss"] > 0 and row["leases"] == 1
         assert row["idle_s"] >= 0 and row["shared"] is True
+        given = {"n_parallel": 2, "cache_reuse": 0, "prompt_cache": False, "server_args": ["--threads", "1"]}
+        assert {k: row["options"].get(k) for k in given} == given, row["options"]
+        argv = psutil.Process(row["pid"]).cmdline()
+        assert argv[argv.index("-np") + 1] == "2" and argv[-2:] == ["--threads", "1"]
+        assert "--cache-reuse" not in argv and "--slot-save-path" not in argv
         assert httpx.get(f"{url}/v1/models", timeout=5).status_code == 401
         entry = next(e for e in registry.read().values() if e.url == url)
         assert entry.api_key_file
