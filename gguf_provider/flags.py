@@ -1,9 +1,9 @@
-"""The llama-server options as command-line flags, for ``gguf-provider serve`` and ``%gguf load``.
+"""The llama-server options as command-line flags: ``gguf-provider serve``, ``embed``, ``rerank``, ``%gguf load``.
 
-Made from :data:`gguf_provider.runtime.server_options.OPTIONS` as the adapters' fields are, so an option declared
-there is a flag of both commands too: ``--name-with-dashes`` (a few keep the short names they had), its type and
-help from the declaration. A flag not given is left out, and the :class:`~gguf_provider.engine.EngineConfig`
-default holds; a misspelled one is argparse's error.
+Made from :data:`gguf_provider.runtime.server_options.OPTIONS` by group, as the adapters' fields are, so an option
+declared there is a flag of these commands too: ``--name-with-dashes`` (a few keep the short names they had), its
+type and help from the declaration. A flag not given is left out and the
+:class:`~gguf_provider.engine.EngineConfig` default holds; a misspelled one is argparse's error.
 """
 
 from __future__ import annotations
