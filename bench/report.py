@@ -298,7 +298,7 @@ def run_time(res: dict[str, Any], full: bool = False) -> str:
     (``full``) which."""
     cut = res.get("cut_by_schedule") or []
     which = ": " + ", ".join(cut) if full else f" for {len(cut)} measurements ([which](../bench/results.md))"
-    return (f"This run took {res['elapsed_s'] / 60:.0f} min (budget {res['budget_s'] / 60:.0f}, `BENCH_BUDGET_S`)"
+    return (f"This run took {res['elapsed_s'] / 60:.1f} min (budget {res['budget_s'] / 60:.0f}, `BENCH_BUDGET_S`)"
             + (f"; behind schedule, fewer rounds{which}." if cut else "."))
 
 

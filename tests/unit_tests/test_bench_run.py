@@ -211,7 +211,7 @@ def test_the_summary_says_the_run_time_and_what_the_schedule_cut(tmp_path: Path)
     res.update(elapsed_s=3300.0, budget_s=3540.0, cut_by_schedule=["P17 (2 rounds)", "P16 (1 round)"])
     md = tmp_path / "benchmarks.md"
     report.write_summary(res, md, Config())
-    assert ("This run took 55 min (budget 59, `BENCH_BUDGET_S`); behind schedule, fewer rounds for 2 measurements "
+    assert ("This run took 55.0 min (budget 59, `BENCH_BUDGET_S`); behind schedule, fewer rounds for 2 measurements "
             "([which](../bench/results.md)).") in md.read_text()
     full = tmp_path / "results.md"
     report.write_markdown(res, full, Config())
