@@ -253,12 +253,9 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from .engine import Engine, EngineConfig
 
-    try:
-        engine = Engine(EngineConfig(model=args.spec, quant=args.quant, keep_alive=0, **flags.values(args)))
-        info = engine.load()
-    except ValueError as exc:  # a speculative or cache type this build (or the fit) does not know, a bad worker
-        print(f"gguf-provider: error: {exc}", file=sys.stderr)
-        return 2
+    # A value this build (or the fit) refuses is a ValueError, exit 2 in main() as for every command
+    engine = Engine(EngineConfig(model=args.spec, quant=args.quant, keep_alive=0, **flags.values(args)))
+    info = engine.load()
     print(f"serving {info.model} (ctx {engine.n_ctx}, speculative {engine.config.speculative}, KV cache "
           f"{engine.config.kv_cache_type}"
           + (f", RPC workers {','.join(engine.config.rpc_servers)}" if engine.config.rpc_servers else "")
@@ -521,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     except GGUFProviderError as exc:
         print(f"gguf-provider: error: {exc}", file=sys.stderr)
         return 1
-    except ValueError as exc:  # an option's value, refused by its declaration's check before anything started
+    except ValueError as exc:  # an option's value, refused by its check (or the build's) before anything runs
         print(f"gguf-provider: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
