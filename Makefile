@@ -6,7 +6,7 @@ VENV   := .venv
 VPY    := $(VENV)/bin/python
 CLI    := $(VENV)/bin/gguf-provider
 
-.PHONY: demo test unit setup-demo setup-test setup-vulkan test-vulkan bench lint clean-venv
+.PHONY: demo test test-loaded unit setup-demo setup-test setup-vulkan test-vulkan bench lint clean-venv
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,12 @@ test: $(VENV)/.stamp-test
 	$(MAKE) --no-print-directory unit
 	$(MAKE) --no-print-directory setup-test
 	GGUF_PROVIDER_TESTS_STRICT=1 $(VENV)/bin/pytest tests/integration_tests tests/reliability --durations=20
+
+# The integration and reliability tests beside a busy loop on every core (scripts/cpu_hog.py): the check to run
+# before changing a time bound in tests/ (not part of `make test`; it takes about twice as long).
+test-loaded: setup-test
+	GGUF_PROVIDER_TESTS_STRICT=1 $(VPY) scripts/cpu_hog.py -- \
+	    $(VENV)/bin/pytest tests/integration_tests tests/reliability --durations=20
 
 # tests/unit_tests alone, offline, in seconds: an empty temp dir as home, no configured llama-server, no index.
 unit: $(VENV)/.stamp-test
