@@ -107,7 +107,7 @@ def mirror() -> Iterator[ReleasesServer]:
 def picked(mirror: ReleasesServer, machine: Host, choice: Choice, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The archive(s) the install would download for ``choice`` on ``machine``, from the mirror."""
     monkeypatch.setenv("GGUF_PROVIDER_LLAMA_RELEASES_URL", mirror.base_url)
-    with httpx.Client(timeout=10) as client:
+    with httpx.Client(timeout=10) as client:  # a local mirror: the whole test ~0.2 s under 2 hogs + a build; 50x
         release = prebuilt.fetch_release(client, TAG)
     target = prebuilt.Host(machine.system, machine.machine, choice.backend)
     return [a.name for a in prebuilt.choose_assets(release, target)]

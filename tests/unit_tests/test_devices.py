@@ -234,10 +234,10 @@ def test_a_binary_that_cannot_list_falls_back_to_nvidia_smi(tmp_path: Path, monk
 
 
 def test_a_hanging_binary_is_given_up_within_the_timeout(tmp_path: Path) -> None:
-    binary = _fake_binary(tmp_path, "exec sleep 30")
+    binary = _fake_binary(tmp_path, "exec sleep 600")
     t0 = time.monotonic()
     assert devices.list_devices(binary, timeout=0.5) == []
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 10  # not the binary's 600 s: ~0.5 s under 2 hogs and a build on 2 cores, 20x
 
 
 def test_list_devices_runs_the_binary_with_rpc_and_our_environment(tmp_path: Path,

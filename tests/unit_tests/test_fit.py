@@ -9,6 +9,7 @@ import dataclasses
 import itertools
 import os
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -296,8 +297,10 @@ def test_gpu_free_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert gpu_free_memory() == ()
     _fake_smi(tmp_path, "echo '[N/A]'", monkeypatch)
     assert gpu_free_memory() == ()
-    _fake_smi(tmp_path, "exec sleep 30", monkeypatch)
+    _fake_smi(tmp_path, "exec sleep 600", monkeypatch)
+    t0 = time.monotonic()
     assert gpu_free_memory(timeout=0.5) == ()
+    assert time.monotonic() - t0 < 10  # not nvidia-smi's 600 s: ~0.5 s under 2 hogs and a build on 2 cores, 20x
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert gpu_free_memory() == ()
 

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_import_contracts_are_kept() -> None:
     lint = Path(sys.executable).with_name("lint-imports")
     out = subprocess.run([str(lint), "--no-cache", str(ROOT / "pyproject.toml")], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120)  # ~0.8 s under 2 hogs + a build; 150x
     assert out.returncode == 0, out.stdout + out.stderr
 
 

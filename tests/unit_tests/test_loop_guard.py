@@ -159,11 +159,11 @@ def test_cost_per_token_is_small() -> None:
     text = " ".join(f"word{i}" for i in range(20000))
     pieces = TOKEN.findall(text)
     det = LoopDetector()
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # this process's CPU: not what other work on the machine takes
     for p in pieces:
         det.feed(p)
-    per_token = (time.perf_counter() - t0) / len(pieces)
-    assert per_token < 50e-6, per_token
+    per_token = (time.process_time() - t0) / len(pieces)
+    assert per_token < 50e-6, per_token  # ~2.3 µs under 2 hogs and a build on 2 cores; 20x
 
 
 def test_constrained_max_tokens_is_bounded_by_the_schema() -> None:

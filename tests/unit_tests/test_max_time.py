@@ -106,7 +106,8 @@ def test_a_reply_with_no_newline_is_closed_past_the_bound() -> None:
     start = time.monotonic()
     with pytest.warns(GenerationTimeWarning, match="max_time=0.1 s"):
         events = list(chat.stream(_Rambler(), request))  # type: ignore[arg-type]
-    assert 0.1 * chat.MAX_TIME_GRACE + 1 <= time.monotonic() - start < 5
+    # Not before our bound; the upper side only says "closed": ~1.3 s under 2 hogs and a build on 2 cores, 10x.
+    assert 0.1 * chat.MAX_TIME_GRACE + 1 <= time.monotonic() - start < 15
     assert events[-1] == Finish("length") and _Rambler.closed
 
 

@@ -8,9 +8,11 @@ import json
 import os
 import struct
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from gguf_provider.errors import PromptCacheWarning
@@ -221,7 +223,115 @@ def test_the_registry_keeps_the_directory() -> None:
 def test_saving_a_server_that_does_not_answer_warns_and_returns(tmp_path: Path, model: Path) -> None:
     d = tmp_path / "ident"
     d.mkdir()
-    t0 = time.monotonic()
+    t0 = time.monotonic()  # httpx, which prompt_cache imports at first use, is imported above: not timed here
     with pytest.warns(PromptCacheWarning, match="not saved.*stopping it anyway"):
         assert pc.save_slots(Address(socket=str(tmp_path / "none.sock")), d, model=str(model)) == []
+    # A refused connection fails at once (~1 ms), not at the end of the budget: our SAVE_BUDGET, >1000x.
     assert time.monotonic() - t0 < pc.SAVE_BUDGET
+
+
+# --- the save's limits, against a fake llama-server and a fake clock ---------------------------------------------
+
+
+class Clock:
+    """``time`` as prompt_cache reads it: a monotonic clock that moves only when a save says so."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return time.time()
+
+
+class FakeServer:
+    """llama-server's ``/slots``, ``/props`` and ``/slots/{id}?action=save`` over an injected transport. Each save
+    writes a slot file of the slot's tokens (distinct per slot), records the read timeout it was given, and moves
+    the clock on by ``save_s``; ``fail_at``: the save (by count, from 0) that times out instead."""
+
+    def __init__(self, directory: Path, slots: list[dict[str, Any]], clock: Clock, save_s: float = 0.0,
+                 fail_at: int | None = None) -> None:
+        self.directory, self.slots, self.clock, self.save_s, self.fail_at = directory, slots, clock, save_s, fail_at
+        self.saves: list[tuple[int, float]] = []  # (slot id, the request's read timeout)
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if request.method == "GET" and path == "/slots":
+            return httpx.Response(200, json=self.slots)
+        if request.method == "GET" and path == "/props":
+            return httpx.Response(200, json={"build_info": "b1"})
+        assert request.method == "POST" and request.url.params["action"] == "save", request
+        slot = int(path.rsplit("/", 1)[1])
+        self.saves.append((slot, request.extensions["timeout"]["read"]))
+        if len(self.saves) - 1 == self.fail_at:
+            raise httpx.ReadTimeout("timed out", request=request)
+        n = next(s["n_prompt_tokens"] for s in self.slots if s["id"] == slot)
+        slot_file(self.directory / json.loads(request.content)["filename"], list(range(slot * 10000, slot * 10000 + n)))
+        self.clock.now += self.save_s
+        return httpx.Response(200, json={"id_slot": slot, "n_saved": n})
+
+    def address(self) -> Address:
+        return Address(url="http://llama-server", injected=httpx.MockTransport(self.handle))
+
+
+@pytest.fixture
+def saving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Clock]:
+    """The server's directory, a private home (the trim after a save looks there), the cache on, a fake clock."""
+    monkeypatch.setenv("GGUF_PROVIDER_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv(pc.ENV, raising=False)
+    clock = Clock()
+    monkeypatch.setattr(pc, "time", clock)
+    return pc.server_dir("ident"), clock
+
+
+def _slot(i: int, n: int, busy: bool = False) -> dict[str, Any]:
+    return {"id": i, "n_ctx": 4096, "is_processing": busy, "n_prompt_tokens": n}
+
+
+def test_saving_keeps_the_floor_skips_busy_slots_and_goes_longest_first(saving: tuple[Path, Clock],
+                                                                        model: Path) -> None:
+    d, clock = saving
+    server = FakeServer(d, [_slot(0, 300), _slot(1, pc.MIN_TOKENS - 1), _slot(2, pc.MIN_TOKENS),
+                            _slot(3, 900, busy=True), _slot(4, 600), _slot(5, 0)], clock)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PromptCacheWarning)
+        saved_ = pc.save_slots(server.address(), d, model=str(model))
+    assert [slot for slot, _ in server.saves] == [4, 0, 2]  # longest first; the floor is inclusive
+    assert [s.n_tokens for s in saved_] == [600, 300, pc.MIN_TOKENS]
+    assert sorted(p.name for p in d.iterdir()) == sorted(n for s in saved_ for n in (s.path.name, s.sidecar.name))
+    assert all(s.path.stat().st_size == s.bytes and pc.Saved.load(s.sidecar) == s for s in saved_)
+
+
+def test_saving_stops_at_its_budget_and_warns_what_it_skipped(saving: tuple[Path, Clock], model: Path) -> None:
+    """Each save may take what is left of SAVE_BUDGET (its request's timeout); once it is spent, the shorter slots
+    are skipped with a warning that counts them."""
+    d, clock = saving
+    budget = pc.SAVE_BUDGET
+    server = FakeServer(d, [_slot(i, 300 + 100 * i) for i in range(5)], clock, save_s=budget / 2.5)
+    with pytest.warns(PromptCacheWarning, match=rf"saving took its {budget:.0f} s bound; 2 slot\(s\) of m.gguf "
+                                                r"not saved"):
+        saved_ = pc.save_slots(server.address(), d, model=str(model))
+    assert [s.n_tokens for s in saved_] == [700, 600, 500]
+    assert [slot for slot, _ in server.saves] == [4, 3, 2]
+    assert [t for _, t in server.saves] == pytest.approx([budget, 0.6 * budget, 0.2 * budget])
+    assert len(list(d.glob("*.bin"))) == 3
+
+
+def test_a_save_cut_by_its_timeout_keeps_the_earlier_ones_and_leaves_no_part(saving: tuple[Path, Clock],
+                                                                             model: Path) -> None:
+    d, clock = saving
+    server = FakeServer(d, [_slot(0, 400), _slot(1, 500), _slot(2, 300)], clock, fail_at=1)
+    with pytest.warns(PromptCacheWarning, match="not saved \\(ReadTimeout: timed out\\); stopping it anyway"):
+        saved_ = pc.save_slots(server.address(), d, model=str(model))
+    assert [s.n_tokens for s in saved_] == [500] and [slot for slot, _ in server.saves] == [1, 0]
+    assert sorted(p.name for p in d.iterdir()) == sorted([saved_[0].path.name, saved_[0].sidecar.name])
+
+
+def test_nothing_is_saved_with_the_cache_off(saving: tuple[Path, Clock], model: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    d, clock = saving
+    monkeypatch.setenv(pc.ENV, "0")
+    server = FakeServer(d, [_slot(0, 400)], clock)
+    assert pc.save_slots(server.address(), d, model=str(model)) == [] and server.saves == []
