@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from gguf_provider.runtime import process
+from tests.support.timing import REACT
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 
@@ -24,7 +25,7 @@ def _tree(tmp_path: Path) -> list[str]:
 
 
 def _pids(tmp_path: Path) -> list[int]:
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + REACT
     while time.monotonic() < deadline:
         text = (tmp_path / "pids").read_text() if (tmp_path / "pids").exists() else ""
         if len(text.split()) == 2:
@@ -33,7 +34,7 @@ def _pids(tmp_path: Path) -> list[int]:
     raise AssertionError("the command did not start its children")
 
 
-def _all_gone(pids: list[int], within: float = 5.0) -> bool:
+def _all_gone(pids: list[int], within: float = REACT) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         if not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
@@ -48,7 +49,7 @@ def test_a_stopped_guard_takes_the_whole_group_down(tmp_path: Path, sig: signal.
     try:
         grandchildren = _pids(tmp_path)
         os.kill(guard.pid, sig)
-        assert guard.wait(5) == 128 + sig
+        assert guard.wait(REACT) == 128 + sig
         assert _all_gone(grandchildren)
     finally:
         guard.kill()
@@ -75,7 +76,7 @@ def test_the_guard_stops_the_group_when_its_parent_is_killed(tmp_path: Path) -> 
     try:
         grandchildren = _pids(tmp_path)
         parent.kill()
-        parent.wait(5)
+        parent.wait(REACT)
         assert _all_gone(grandchildren)
     finally:
         parent.kill()
@@ -84,10 +85,10 @@ def test_the_guard_stops_the_group_when_its_parent_is_killed(tmp_path: Path) -> 
 
 def test_a_command_that_cannot_run_is_exit_status_127(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "gguf_provider.runtime.guard", str(tmp_path / "no-such-cmake")],
-                         capture_output=True, text=True, timeout=30)
+                         capture_output=True, text=True, timeout=REACT)
     assert out.returncode == 127 and "could not run" in out.stderr
 
 
 def test_the_exit_status_is_the_commands() -> None:
     assert subprocess.run([sys.executable, "-m", "gguf_provider.runtime.guard", "sh", "-c", "exit 3"],
-                          timeout=30).returncode == 3
+                          timeout=REACT).returncode == 3

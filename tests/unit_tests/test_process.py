@@ -15,6 +15,7 @@ import pytest
 
 from gguf_provider.errors import ServerStartError
 from gguf_provider.runtime import process
+from tests.support.timing import REACT
 
 
 def _answers(*codes: int) -> tuple[process.Address, list[int]]:
@@ -101,15 +102,15 @@ def test_a_child_forked_with_dies_with_parent_dies_with_it() -> None:
     parent = subprocess.Popen([sys.executable, "-c", (
         "import subprocess, sys, time\n"
         "from gguf_provider.runtime.process import dies_with_parent\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], preexec_fn=dies_with_parent())\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], preexec_fn=dies_with_parent())\n"
         "print(child.pid, flush=True)\n"
-        "time.sleep(60)\n")], stdout=subprocess.PIPE, start_new_session=True)
+        "time.sleep(600)\n")], stdout=subprocess.PIPE, start_new_session=True)
     assert parent.stdout is not None
     child = psutil.Process(int(parent.stdout.readline()))
     parent.kill()
-    parent.wait(5)
+    parent.wait(REACT)
     parent.stdout.close()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + REACT
     while _alive(child):
         assert time.monotonic() < deadline, "the child outlived its SIGKILLed parent"
         time.sleep(0.05)
