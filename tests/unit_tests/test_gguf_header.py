@@ -35,6 +35,10 @@ from tests.support.gguf_bytes import (
     u32,
 )
 
+# One read of a header of at most a few KB, in this thread's CPU time (what other processes of a busy machine take
+# does not count): the slowest measured, beside a CPU hog, took ~3 ms; over 100x that.
+READ_CPU_S = 1.0
+
 
 def write(tmp_path: Path, data: bytes, name: str = "m.gguf") -> Path:
     path = tmp_path / name
@@ -43,10 +47,10 @@ def write(tmp_path: Path, data: bytes, name: str = "m.gguf") -> Path:
 
 
 def assert_format_error(path: Path, *words: str) -> GGUFFormatError:
-    t0 = time.perf_counter()
+    t0 = time.thread_time()
     with pytest.raises(GGUFFormatError) as info:
         read_header(path)
-    assert time.perf_counter() - t0 < 1.0
+    assert time.thread_time() - t0 < READ_CPU_S
     msg = str(info.value)
     assert str(path) in msg
     for w in words:
@@ -215,21 +219,22 @@ def fuzz_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _check_only_format_errors(path: Path, data: bytes) -> None:
     path.write_bytes(data)
-    t0 = time.perf_counter()
+    t0 = time.thread_time()
     try:
         read_header(path)
     except GGUFFormatError:
         pass
-    assert time.perf_counter() - t0 < 2.0
+    assert time.thread_time() - t0 < READ_CPU_S
 
 
-@settings(max_examples=100, deadline=5000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# deadline=None: the CPU-time bound of _check_only_format_errors instead of hypothesis' wall-clock one.
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.one_of(st.binary(max_size=512), st.binary(max_size=256).map(lambda b: b"GGUF\x03\0\0\0" + b)))
 def test_fuzz_random_bytes(fuzz_path: Path, data: bytes) -> None:
     _check_only_format_errors(fuzz_path, data)
 
 
-@settings(max_examples=200, deadline=5000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
 def test_fuzz_mutated_header(fuzz_path: Path, rich: bytes, data: st.DataObject) -> None:
     full = rich
