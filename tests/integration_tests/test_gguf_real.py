@@ -19,6 +19,11 @@ from gguf_provider.runtime.fit import MiB, kv_cache_bytes
 from gguf_provider.runtime.gguf import GGUFHeader, SkippedArray, read_header
 from tests.support.gguf_bytes import STANDINS, cut_points
 
+# One read of a real header, in this thread's CPU time: what other processes of a busy machine take, and waiting
+# for the disk, do not count. Slowest measured (qwen, gemma), idle or beside a CPU hog: ~90 ms; 10x+. gguf.GGUFReader,
+# which reads the tensor infos too, takes seconds.
+READ_CPU_S = 1.0
+
 
 @pytest.fixture(scope="module")
 def models(smollm2_path: Path, qwen_path: Path, gemma_path: Path) -> dict[str, Path]:
@@ -85,9 +90,9 @@ def test_gemma3(models: dict[str, Path]) -> None:
 
 def test_real_headers_are_fast_and_stop_before_tensor_infos(models: dict[str, Path]) -> None:
     for path in models.values():
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         h = read_header(path)
-        assert time.perf_counter() - t0 < 1.0  # ~15-50 ms here; GGUFReader takes seconds
+        assert time.thread_time() - t0 < READ_CPU_S
         assert isinstance(h, GGUFHeader)
         assert 24 < h.metadata_end < path.stat().st_size
         # the tensor info section starts right there: the first tensor name is a short ASCII string
@@ -154,7 +159,8 @@ def fuzz_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("fuzz") / "f.gguf"
 
 
-@settings(max_examples=200, deadline=5000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# deadline=None: the CPU-time bound below instead of hypothesis' wall-clock one.
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
 def test_fuzz_mutated_real_header(fuzz_path: Path, real_prefix: bytes, data: st.DataObject) -> None:
     n = len(real_prefix)
@@ -168,9 +174,9 @@ def test_fuzz_mutated_real_header(fuzz_path: Path, real_prefix: bytes, data: st.
         chunk = data.draw(st.binary(min_size=1, max_size=8), label="bytes")
         buf[pos : pos + len(chunk)] = chunk
     fuzz_path.write_bytes(bytes(buf))
-    t0 = time.perf_counter()
+    t0 = time.thread_time()
     try:
         read_header(fuzz_path)
     except GGUFFormatError:
         pass
-    assert time.perf_counter() - t0 < 2.0
+    assert time.thread_time() - t0 < READ_CPU_S

@@ -13,25 +13,36 @@ import pytest
 from llama_index.core.base.llms.types import ChatMessage
 
 from gguf_provider import ChatGGUF, ServerCrashedError
+from gguf_provider.engine import Engine
 from gguf_provider.llama_index import GGUF
 from tests.support.runtime import RuntimeEnv, wait_until
 
 LONG = "Write a very long story about a dragon who learns to sail."
 
 
-async def _kill_during(pid: int, call: Callable[[], Awaitable[Any]]) -> BaseException | None:
-    """Run ``call`` and kill -9 the server 0.5 s after it started; return what it raised."""
+def _processing(engine: Engine) -> bool:
+    return any(s.get("is_processing") for s in engine.client.get_json("/slots"))
+
+
+async def _kill_during(engine: Engine, call: Callable[[], Awaitable[Any]]) -> BaseException | None:
+    """Run ``call``, kill -9 the server once it works on the request (a slot is processing: LONG keeps it busy for
+    seconds), and return what the call raised."""
+    pid = engine.info.pid
     task = asyncio.ensure_future(call())
-    await asyncio.sleep(0.5)
+    while not await asyncio.to_thread(_processing, engine):
+        if task.done():
+            pytest.fail(f"the call ended before the server was seen working on it: {task!r}")
+        await asyncio.sleep(0.05)
     os.kill(pid, signal.SIGKILL)
     try:
-        await asyncio.wait_for(task, 30)
+        # The error comes as the connection drops (ms); without that the call would wait for its 600 s timeout.
+        await asyncio.wait_for(task, 60)
     except BaseException as exc:  # the test inspects it
         return exc
     return None
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.speed_timeout("smollm2", tokens=8, starts=3)  # a start per kill, one more for the answer
 async def test_langchain_async_paths_raise_server_crashed(rt: RuntimeEnv) -> None:
     llm = ChatGGUF(model_path=str(rt.model), n_ctx=2048, max_tokens=400, max_retries=0)
     try:
@@ -40,17 +51,18 @@ async def test_langchain_async_paths_raise_server_crashed(rt: RuntimeEnv) -> Non
                 pass
 
         for call in (lambda: llm.ainvoke(LONG), stream):
-            pid = llm.load().engine.info.pid
-            err = await _kill_during(pid, call)
+            engine = llm.load().engine
+            pid = engine.info.pid
+            err = await _kill_during(engine, call)
             assert isinstance(err, ServerCrashedError), repr(err)
             assert f"pid {pid}" in str(err) and err.log_tail
         assert (await llm.ainvoke("Say hi", max_tokens=4)).content  # a fresh server answers
     finally:
         llm.unload()
-    wait_until(lambda: rt.servers() == [], 5)
+    wait_until(lambda: rt.servers() == [], 60)  # unload stops it before returning (SIGKILL after 5 s); 10x
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.speed_timeout("smollm2", tokens=8, starts=3)  # a start per kill, one more for the answer
 async def test_llama_index_async_paths_raise_server_crashed(rt: RuntimeEnv) -> None:
     llm = GGUF(model_path=str(rt.model), n_ctx=2048, max_tokens=400, max_retries=0)
     messages = [ChatMessage(role="user", content=LONG)]
@@ -60,10 +72,9 @@ async def test_llama_index_async_paths_raise_server_crashed(rt: RuntimeEnv) -> N
                 pass
 
         for call in (lambda: llm.achat(messages), stream):
-            pid = llm.load().engine.info.pid
-            err = await _kill_during(pid, call)
+            err = await _kill_during(llm.load().engine, call)
             assert isinstance(err, ServerCrashedError), repr(err)
         assert (await llm.achat([ChatMessage(role="user", content="Say hi")], max_tokens=4)).message.content
     finally:
         llm.unload()
-    wait_until(lambda: rt.servers() == [], 5)
+    wait_until(lambda: rt.servers() == [], 60)  # unload stops it before returning (SIGKILL after 5 s); 10x

@@ -31,9 +31,12 @@ pytestmark = pytest.mark.slow
 
 CHAT = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4}
 LONG = {"messages": [{"role": "user", "content": "Write a very long story about a dragon."}], "max_tokens": 400}
+# How long a server's stop may take to show: unload stops it before returning (SIGTERM, then SIGKILL after
+# stop_process's 5 s grace), a watchdog within its 1 s tick, so at most ~6 s; 10x that.
+GONE_S = 60.0
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.speed_timeout("smollm2", tokens=8, starts=2)  # 3 text deltas (and what was in flight), then CHAT
 def test_kill9_mid_stream_raises_crashed_then_recovers(rt: RuntimeEnv) -> None:
     engine = Engine(EngineConfig(model_path=str(rt.model), n_ctx=2048, timeout=60))
     try:
@@ -48,7 +51,9 @@ def test_kill9_mid_stream_raises_crashed_then_recovers(rt: RuntimeEnv) -> None:
                         os.kill(pid, signal.SIGKILL)
                         killed_at = time.monotonic()
         took = time.monotonic() - killed_at
-        assert killed_at and took < 1.0, took  # issue 8: the typed error in under 1 s
+        # Issue 8: the typed error as soon as the connection drops (~4 ms, idle or beside two CPU hogs), not after
+        # the 60 s read timeout, which ends in the same error.
+        assert killed_at and took < engine.config.timeout / 2, took
         err = ei.value
         assert f"pid {pid}" in str(err) and "next call starts a new one" in str(err)
         assert err.log_tail and err.log_path is not None and err.log_path.is_file()
@@ -64,10 +69,10 @@ def test_kill9_mid_stream_raises_crashed_then_recovers(rt: RuntimeEnv) -> None:
                                          f"call answered by a new server in {recovered:.2f} s", "survived": True}
     finally:
         engine.unload()
-    wait_until(lambda: rt.servers() == [], 5)
+    wait_until(lambda: rt.servers() == [], GONE_S)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)  # 3 + 3 + 5 s of our own timeouts and a start: ~12 s idle, ~19 s beside two CPU hogs
 def test_hung_server_times_out_never_hangs(rt: RuntimeEnv) -> None:
     engine = Engine(EngineConfig(model_path=str(rt.model), n_ctx=2048, timeout=3))
     pid = engine.info.pid
@@ -79,7 +84,8 @@ def test_hung_server_times_out_never_hangs(rt: RuntimeEnv) -> None:
             with pytest.raises(ServerTimeoutError, match="raise `timeout`"):
                 call()
             took = time.monotonic() - t0
-            assert 2.5 < took < 6, took
+            # One read timeout: never sooner (less a clock's slack), ~3.0 s idle; 10x it tells it from a hang.
+            assert 2.5 < took < 10 * engine.config.timeout, took
             tooks.append(took)
 
         # Another client asking for the same model gets a typed error rather than a second server that would
@@ -87,7 +93,7 @@ def test_hung_server_times_out_never_hangs(rt: RuntimeEnv) -> None:
         t0 = time.monotonic()
         with pytest.raises(ServerTimeoutError, match="does not answer.*gguf-provider stop"):
             mgr.ServerManager().acquire(resolve_spec(engine.config))
-        assert time.monotonic() - t0 < 10
+        assert time.monotonic() - t0 < 60  # read_props' 5 s timeout (runtime/health.py), ~5 s idle; 10x+
         assert [p.pid for p in rt.servers()] == [pid]
     finally:
         os.kill(pid, signal.SIGCONT)
@@ -104,10 +110,10 @@ def test_hung_server_times_out_never_hangs(rt: RuntimeEnv) -> None:
     finally:
         patient.unload()
         engine.unload()
-    wait_until(lambda: not pid_alive(pid), 5)
+    wait_until(lambda: not pid_alive(pid), GONE_S)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.speed_timeout("smollm2", tokens=0, starts=2)
 def test_a_server_stopped_while_another_client_attaches_is_replaced_not_reported(rt: RuntimeEnv) -> None:
     """Its last lease ends between the attaching client's registry check and its first request (seen in a loaded
     `make test`: a module's fixture attached as the previous module's server stopped). The stop is real (the other
@@ -123,7 +129,7 @@ def test_a_server_stopped_while_another_client_attaches_is_replaced_not_reported
             if not asked:
                 asked.append(1)
                 first.unload()  # the last lease: unregistered, then stopped
-                wait_until(lambda: not pid_alive(old_pid), 10)
+                wait_until(lambda: not pid_alive(old_pid), GONE_S)
             return super().props(address, healthy=healthy)
 
     lease = mgr.ServerManager(health=StopThenRead()).acquire(resolve_spec(first.config))
@@ -134,10 +140,10 @@ def test_a_server_stopped_while_another_client_attaches_is_replaced_not_reported
         assert list(rt.registry()) == [lease.info.key]
     finally:
         lease.release()
-    wait_until(lambda: rt.servers() == [], 10)
+    wait_until(lambda: rt.servers() == [], GONE_S)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.speed_timeout("smollm2", tokens=4)
 def test_corrupted_registry_is_recovered_on_next_use(rt: RuntimeEnv) -> None:
     path = registry.registry_path()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -153,17 +159,20 @@ def test_corrupted_registry_is_recovered_on_next_use(rt: RuntimeEnv) -> None:
                                               "survived": True}
     finally:
         engine.unload()
-    wait_until(lambda: rt.servers() == [], 5)
+    wait_until(lambda: rt.servers() == [], GONE_S)
     assert rt.registry() == {}
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)  # two starts, watchdog ticks: ~5 s idle, ~12 s beside two CPU hogs
 def test_corrupted_registry_does_not_orphan_a_running_server(rt: RuntimeEnv) -> None:
     c = rt.child(chat=False)
     r = c.read_json()
     assert "error" not in r, r
-    registry.registry_path().write_text("garbage")
-    time.sleep(1.5)  # the watchdog sees its entry gone (it may not have looked at it even once before)
+    path = registry.registry_path()
+    path.write_text("garbage")
+    # The watchdog, the only one reading the registry now, sees it (and sets the garbage aside) at its next tick
+    # (every 1 s; 30x): it goes on from its own copy of the entry.
+    wait_until(lambda: any(path.parent.glob("servers.corrupt-*")), 30)
     engine = Engine(EngineConfig(model_path=str(rt.model), n_ctx=2048))
     try:
         assert engine.chat(CHAT).content
@@ -171,16 +180,16 @@ def test_corrupted_registry_does_not_orphan_a_running_server(rt: RuntimeEnv) -> 
         assert pid_alive(r["server_pid"]), "the old server still has its client"
         c.finish()
         # Its watchdog still knows it: once its last client is gone, it stops it.
-        wait_until(lambda: not pid_alive(r["server_pid"]), 6)
+        wait_until(lambda: not pid_alive(r["server_pid"]), GONE_S)
         assert list(rt.registry()) == [engine.info.key]
         FIGURES["registry corrupted under a running server"] = {
             "figure": "old server kept for its client, stopped by its watchdog after; 0 orphans", "survived": True}
     finally:
         engine.unload()
-    wait_until(lambda: rt.servers() == [], 5)
+    wait_until(lambda: rt.servers() == [], GONE_S)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.speed_timeout("smollm2", tokens=4)
 def test_registry_locked_by_a_dead_process_is_recovered(rt: RuntimeEnv) -> None:
     """A client killed while holding the registry lock: the kernel drops its flock, the next user goes on."""
     import subprocess
@@ -199,7 +208,7 @@ def test_registry_locked_by_a_dead_process_is_recovered(rt: RuntimeEnv) -> None:
             with registry.locked(timeout=0.5):
                 pass
         os.kill(holder.pid, signal.SIGKILL)
-        holder.wait(10)
+        holder.wait()  # a SIGKILLed process ends
         t0 = time.monotonic()
         engine = Engine(EngineConfig(model_path=str(rt.model), n_ctx=1024, timeout=60))
         try:

@@ -28,7 +28,7 @@ def _props_n_ctx(h: httpx.Client) -> int:
     return int(h.get("/props").json()["default_generation_settings"]["n_ctx"])
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.speed_timeout("smollm2", tokens=4)
 def test_socket_mode_private_files_and_scrubbed_env(rt: RuntimeEnv, monkeypatch: pytest.MonkeyPatch) -> None:
     os.chmod(rt.run_dir, 0o755)  # a lax pre-existing dir is tightened
     monkeypatch.setenv("LLAMA_ARG_CTX_SIZE", "128")
@@ -47,6 +47,7 @@ def test_socket_mode_private_files_and_scrubbed_env(rt: RuntimeEnv, monkeypatch:
         # Nothing of LLAMA_ARG_* / LLAMA_API_KEY reached the server: it has the context we asked for and no key.
         env = psutil.Process(info.pid).environ()
         assert not [k for k in env if k.startswith("LLAMA_ARG_") or k == "LLAMA_API_KEY"]
+        # /props and /v1/models of an idle server: ~ms, 10 s is 100x+.
         with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://x", timeout=10) as h:
             assert _props_n_ctx(h) == 2048
             assert h.get("/props").json()["total_slots"] != 3
@@ -57,7 +58,7 @@ def test_socket_mode_private_files_and_scrubbed_env(rt: RuntimeEnv, monkeypatch:
         engine.unload()
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.speed_timeout("smollm2", tokens=2 + 4)
 def test_tcp_mode_requires_the_key_which_is_in_no_argv(rt: RuntimeEnv) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -75,6 +76,7 @@ def test_tcp_mode_requires_the_key_which_is_in_no_argv(rt: RuntimeEnv) -> None:
         assert key not in Path(registry.registry_path()).read_text(), "the registry holds the key file, not the key"
 
         body = {"messages": CHAT["messages"], "max_tokens": 2}
+        # 401s and one 2-token reply from an idle server: ~0.1 s, 30 s is 100x+.
         with httpx.Client(base_url=info.address.url, timeout=30) as h:
             assert h.post("/v1/chat/completions", json=body).status_code == 401
             assert h.get("/props").status_code == 401
@@ -97,7 +99,7 @@ def test_tcp_mode_requires_the_key_which_is_in_no_argv(rt: RuntimeEnv) -> None:
     assert not key_file.exists(), "the key file goes with its server"
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.speed_timeout("smollm2", tokens=4)
 def test_port_in_use_picks_another_port(rt: RuntimeEnv) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
