@@ -14,6 +14,7 @@ import pytest
 from gguf_provider.runtime import manager as mgr
 from gguf_provider.runtime import registry
 from tests.support.runtime import RuntimeEnv, pid_alive, wait_until
+from tests.support.timing import REACT
 
 pytestmark = pytest.mark.slow
 
@@ -26,9 +27,9 @@ def test_kill9_of_only_client_watchdog_stops_shared_server(rt: RuntimeEnv) -> No
     assert rt.watchdogs(), "a shared server gets a watchdog"
     c.kill9()
     # The watchdog polls once a second: the dead lease is pruned and keep_alive=0 has run out.
-    took = wait_until(lambda: not pid_alive(r["server_pid"]), 6)
+    took = wait_until(lambda: not pid_alive(r["server_pid"]), REACT)
     print(f"server gone {took:.1f} s after kill -9 of its only client")
-    wait_until(lambda: not rt.watchdogs(), 5)
+    wait_until(lambda: not rt.watchdogs(), REACT)
     assert rt.registry() == {}
     assert not list(rt.run_dir.glob("*.sock"))
 
@@ -40,11 +41,12 @@ def test_kill9_of_only_client_next_manager_start_sweeps_orphan(rt: RuntimeEnv) -
     assert "error" not in r, r
     for w in rt.watchdogs():  # take the watchdog out of the picture: the sweep alone must do it
         w.kill()
-    wait_until(lambda: not rt.watchdogs(), 5)
+    wait_until(lambda: not rt.watchdogs(), REACT)
     c.kill9()
-    time.sleep(1.5)
+    # Right before the manager starts: the orphan and its dead client's lease are still there (no watchdog runs,
+    # nothing else prunes or stops), so what stops it below is the manager's sweep.
     assert pid_alive(r["server_pid"]), "without a watchdog the orphan stays until the next manager start"
-    assert r["key"] in rt.registry()
+    assert str(c.proc.pid) in rt.registry()[r["key"]]["leases"]
 
     manager = mgr.ServerManager()
     lease = manager.acquire(mgr.ServerSpec(model=rt.model, n_ctx=2048))
@@ -55,21 +57,21 @@ def test_kill9_of_only_client_next_manager_start_sweeps_orphan(rt: RuntimeEnv) -
         assert [p.pid for p in rt.servers()] == [lease.info.pid]
     finally:
         lease.release()
-    wait_until(lambda: not pid_alive(lease.info.pid), 5)
+    wait_until(lambda: not pid_alive(lease.info.pid), REACT)
     assert rt.registry() == {}
 
 
 @pytest.mark.timeout(120)
-def test_kill9_of_private_server_owner_kills_server_within_2s(rt: RuntimeEnv) -> None:
+def test_kill9_of_private_server_owner_kills_server(rt: RuntimeEnv) -> None:
     c = rt.child(chat=False, shared=False)
     r = c.read_json()
     assert "error" not in r, r
     assert not rt.watchdogs(), "a private server needs no watchdog: it dies with its owner"
     t0 = time.monotonic()
     c.proc.send_signal(signal.SIGKILL)
-    wait_until(lambda: not pid_alive(r["server_pid"]), 2.0)
+    wait_until(lambda: not pid_alive(r["server_pid"]), REACT)  # the kernel's SIGKILL (PR_SET_PDEATHSIG)
     print(f"private server gone {time.monotonic() - t0:.2f} s after kill -9 of its owner")
-    c.proc.wait(5)
+    c.proc.wait(REACT)
     removed = registry.sweep()  # its stale entry goes with the next sweep
     assert [e.pid for e in removed] == [r["server_pid"]]
     assert rt.registry() == {}
@@ -84,12 +86,12 @@ def test_foreign_server_survives_sweeps_and_stop_all(rt: RuntimeEnv) -> None:
     try:
         def healthy() -> bool:
             try:
-                with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), timeout=2) as h:
+                with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), timeout=REACT) as h:
                     return h.get("http://x/health").status_code == 200
             except httpx.HTTPError:
                 return False
 
-        wait_until(healthy, 60, 0.1)
+        wait_until(healthy, 60, 0.1)  # a start: typical ~3 s on a loaded 2-core machine; 20x
         fctime = psutil.Process(foreign.pid).create_time()
 
         # A managed server (keep_alive so it outlives its client) that `stop --all` must stop.
@@ -121,10 +123,10 @@ def test_foreign_server_survives_sweeps_and_stop_all(rt: RuntimeEnv) -> None:
         out = rt.gguf_cli("stop", "--all")
         assert out.returncode == 0, out.stderr
         assert f"stopped pid {r['server_pid']}" in out.stdout
-        wait_until(lambda: not pid_alive(r["server_pid"]), 5)
+        wait_until(lambda: not pid_alive(r["server_pid"]), REACT)
         assert rt.registry() == {}
         assert healthy() and foreign.poll() is None, "stop --all must never touch a server it did not start"
         assert sock.exists()
     finally:
         foreign.terminate()
-        foreign.wait(10)
+        foreign.wait(REACT)

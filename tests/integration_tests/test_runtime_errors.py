@@ -23,6 +23,7 @@ from gguf_provider.errors import (
 )
 from gguf_provider.runtime import manager as mgr
 from tests.support.runtime import RuntimeEnv
+from tests.support.timing import REACT
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +45,8 @@ def test_non_gguf_file_is_refused_before_spawn(rt: RuntimeEnv, tmp_path: Path) -
         Engine(EngineConfig(model_path=str(bad), n_ctx=2048)).chat(CHAT)
     with pytest.raises(GGUFFormatError, match="not a GGUF file"):  # the manager checks too, not only Engine
         mgr.get_manager().acquire(mgr.ServerSpec(model=bad, n_ctx=2048))
-    assert time.monotonic() - t0 < 5
+    took = time.monotonic() - t0
+    assert took < 5  # typical ~0.14 s on a loaded 2-core machine; 35x
     _nothing_started(rt)
 
 
@@ -66,7 +68,8 @@ def test_file_truncated_in_tensor_data_is_a_format_error(rt: RuntimeEnv, tmp_pat
     t0 = time.monotonic()
     with pytest.raises(GGUFFormatError, match="truncated or corrupted.*download it again") as ei:
         Engine(EngineConfig(model_path=str(cut), n_ctx=2048)).chat(CHAT)
-    assert time.monotonic() - t0 < 20
+    took = time.monotonic() - t0
+    assert took < 20  # the server's exit, not its 600 s start timeout: typical ~0.3 s under load; 70x
     assert isinstance(ei.value.__cause__, ServerStartError)
     assert "not within the file bounds" in ei.value.__cause__.log_tail
     assert rt.servers() == [] and rt.registry() == {}
@@ -122,7 +125,8 @@ def test_prompt_longer_than_context_is_refused_before_generation(rt: RuntimeEnv,
         assert ei.value.n_prompt_tokens is not None and ei.value.n_prompt_tokens > n_ctx
         with pytest.raises(ContextOverflowError):
             list(engine.stream(long))
-        assert time.monotonic() - t0 < 10
+        took = time.monotonic() - t0
+        assert took < 10  # typical ~0.04 s on a loaded 2-core machine; 250x
         assert sent == [], "nothing may be sent for generation"
         # The server is fine afterwards.
         assert engine.chat(CHAT).content
@@ -138,8 +142,9 @@ def test_dead_base_url_fails_fast(rt: RuntimeEnv) -> None:
     for url in (f"http://127.0.0.1:{port}/v1", str(rt.run_dir / "nobody.sock")):
         t0 = time.monotonic()
         with pytest.raises(ServerConnectionError, match="Is it running"):
-            Engine(EngineConfig(base_url=url, timeout=5)).chat(CHAT)
-        assert time.monotonic() - t0 < 2, url
+            Engine(EngineConfig(base_url=url)).chat(CHAT)  # not after its timeout (600 s): at once
+        took = time.monotonic() - t0
+        assert took < 5, url  # typical ~0.001 s on a loaded 2-core machine
 
 
 @pytest.mark.timeout(60)
@@ -151,7 +156,7 @@ def test_base_url_that_never_answers_times_out(rt: RuntimeEnv) -> None:
         with pytest.raises(ServerConnectionError, match="could not reach"):
             Engine(EngineConfig(base_url=f"http://127.0.0.1:{s.getsockname()[1]}", timeout=2)).chat(CHAT)
         took = time.monotonic() - t0
-    assert 1.5 < took < 6, took
+    assert 1.5 < took < 2 + REACT, took  # its 2 s timeout elapsed (typical 2.0 s under load), and not much more
 
 
 @pytest.mark.timeout(60)
@@ -160,7 +165,8 @@ def test_server_that_exits_at_start(rt: RuntimeEnv) -> None:
     with pytest.raises(ServerStartError, match="exited with code") as ei:
         Engine(EngineConfig(model_path=str(rt.model), n_ctx=2048,
                             server_args=("--this-flag-does-not-exist",))).chat(CHAT)
-    assert time.monotonic() - t0 < 15
+    took = time.monotonic() - t0
+    assert took < 15  # the server's exit, not its 600 s start timeout: typical ~0.25 s under load; 60x
     err = ei.value
     assert err.log_path is not None and err.log_path.is_file()
     assert "--this-flag-does-not-exist" in err.log_tail
