@@ -13,7 +13,7 @@ import pytest
 from gguf_provider.runtime import devices, discovery, rpc
 from gguf_provider.runtime.process import free_port
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(120)  # a hang guard: each test takes under 1 s under load
 
 
 @pytest.fixture(autouse=True)
@@ -38,14 +38,14 @@ def worker(binary: Path) -> Iterator[str]:
     proc = subprocess.Popen(rpc.worker_argv(exe, port=port, threads=1), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 30  # ~0.1 s under load
         while not rpc.reachable(endpoint, timeout=0.5):
             assert proc.poll() is None and time.monotonic() < deadline, f"rpc-server on {endpoint} did not start"
             time.sleep(0.1)
         yield endpoint
     finally:
         proc.kill()
-        proc.wait(10)
+        proc.wait(10)  # SIGKILLed: it exits at once
 
 
 def test_a_local_worker_is_listed_as_rpc0_with_its_memory(binary: Path, worker: str) -> None:
@@ -64,8 +64,9 @@ def test_the_cpu_build_alone_lists_no_gpu(binary: Path) -> None:
 
 
 def test_a_worker_that_is_down_leaves_the_local_devices(binary: Path) -> None:
-    """llama-server aborts when a --rpc worker is unreachable: listing gives up on it within seconds and still
-    reports what the machine has."""
+    """llama-server aborts when a --rpc worker is unreachable: listing gives up on it (at the latest after its own
+    timeout) and still reports what the machine has."""
     t0 = time.monotonic()
     found = devices.machine_devices(binary, rpc=[f"127.0.0.1:{free_port()}"])
-    assert [d.name for d in found] == ["CPU"] and time.monotonic() - t0 < 20
+    # the abort takes ~0.1 s; the library's LIST_TIMEOUT (30 s) bounds a listing that hangs, 10 s of margin
+    assert [d.name for d in found] == ["CPU"] and time.monotonic() - t0 < devices.LIST_TIMEOUT + 10

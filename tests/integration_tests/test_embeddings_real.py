@@ -173,6 +173,7 @@ def test_llamaindex_embedding_ranks_like_langchain(minilm: GGUFEmbeddings, minil
 
 
 def test_cli_embed(minilm: GGUFEmbeddings, minilm_path: Path) -> None:
+    # timeout=120: hang guards; each run takes ~1.3 s under load
     cli = [sys.executable, "-m", "gguf_provider.cli", "embed"]
     model = str(minilm_path)
     texts = ["A cat sits on the mat.", "A kitten is resting on a rug."]

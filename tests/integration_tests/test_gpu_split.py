@@ -18,7 +18,7 @@ from tests.integration_tests.test_rpc import QUESTION, Worker
 from tests.support.probs import assert_same_distribution, next_token_probs
 from tests.support.runtime import RuntimeEnv, wait_until
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(300)  # a hang guard: the slowest test takes ~5 s under load; 60x
 MiB = 1 << 20
 # The RPC device's cap: its reserve (64 MiB), a compute buffer, the drafted tokens' logits (speculation is on by
 # default, 49 MiB) and room for a few of SmolLM2's 30 layers with its tied output head (a 28.7 MiB copy of the
@@ -58,7 +58,7 @@ def test_a_model_larger_than_the_device_is_split_between_it_and_ram(
         expected = next_token_probs(local)
     finally:
         local.unload()
-    wait_until(lambda: not rt.servers(), 15)
+    wait_until(lambda: not rt.servers(), 15)  # unload stopped it before returning: ~0.01 s under load
 
     split = Engine(EngineConfig(model_path=str(rt.model), n_ctx=1024, rpc_servers=(worker.endpoint,),
                                 server_args=("-lv", "4")))  # -lv 4: llama-server logs where each tensor went

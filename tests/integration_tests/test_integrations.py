@@ -38,10 +38,11 @@ def _script_env() -> dict[str, str]:
     return env
 
 
-def _run(script: str, *args: str, timeout: float = 400) -> tuple[str, dict[str, str]]:
+def _run(script: str, *args: str) -> tuple[str, dict[str, str]]:
+    """The script's output; each test's timeout marker bounds it (pytest-timeout's exception kills the child)."""
     env = _script_env()
     proc = subprocess.run([sys.executable, str(ROOT / "integrations" / script), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True)
     assert proc.returncode == 0, f"{script} failed:\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout, env
 
@@ -53,7 +54,7 @@ def _assert_no_server_left(out: str, env: dict[str, str]) -> None:
     ps = subprocess.run([sys.executable, "-m", "gguf_provider.cli", "ps", "--json"], cwd=ROOT, capture_output=True,
                         text=True, check=True, env=env)
     assert pid not in [row["pid"] for row in json.loads(ps.stdout)["servers"]], "the script's server is still registered"
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 10  # the script stopped it before exiting: gone at the first look under load
     while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, f"llama-server pid {pid} still running after the script ended"
         time.sleep(0.1)
@@ -67,6 +68,8 @@ def _models() -> None:
     ensure("qwen")
 
 
+# Each script's timeout: 10x its run on a loaded 2-core machine (both cores busy beside it), given per test.
+@pytest.mark.timeout(120)  # ~11 s under load
 def test_langchain_chat_script() -> None:
     out, env = _run("langchain_chat.py", "Say hello.", "--max-tokens", "24")
     assert re.search(r"[\d.]+ tokens/s", out), out
@@ -74,6 +77,7 @@ def test_langchain_chat_script() -> None:
     _assert_no_server_left(out, env)
 
 
+@pytest.mark.timeout(300)  # ~21 s under load
 def test_langchain_agent_script() -> None:
     """--require-tool: the first step's call is constrained, so it happens on any CPU; the city and the answer's
     words are the model's, so the output is checked for its structure: each call's line shows the tool's own
@@ -93,6 +97,7 @@ def test_langchain_agent_script() -> None:
     _assert_no_server_left(out, env)
 
 
+@pytest.mark.timeout(1100)  # ~108 s under load
 def test_langchain_structured_script() -> None:
     """json_schema (the default method): the grammar guarantees the keys and their types; the values are the
     model's reading of the text, which differs between CPUs."""
@@ -118,12 +123,13 @@ def _script_servers(env: dict[str, str]) -> set[int]:
 
 
 def _assert_no_script_server(env: dict[str, str]) -> None:
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 10  # the script stopped them before exiting: none at the first look under load
     while _script_servers(env):
         assert time.monotonic() < deadline, f"llama-servers left behind: {_script_servers(env)}"
         time.sleep(0.1)
 
 
+@pytest.mark.timeout(650)  # ~62 s under load
 def test_llamaindex_agent_script() -> None:
     """The first step's call is constrained (initial_tool_choice), so it happens on any CPU; the fruit it names is
     the model's: the tool's line and the final answer (return_direct) are the tool's own output for it."""
@@ -139,6 +145,7 @@ def test_llamaindex_agent_script() -> None:
     _assert_no_script_server(env)
 
 
+@pytest.mark.timeout(450)  # ~42 s under load
 def test_llamaindex_query_engine_script() -> None:
     """The default run on three pages of docs/ (all of docs/ takes minutes to embed on 2 cores): index them with
     GGUFEmbedding, stream the answer of GGUF, list the sources."""

@@ -52,6 +52,7 @@ LONG = " ".join(f"word{i}" for i in range(400))  # well over MiniLM's 512 tokens
 def server_answer(engine: Engine, query: str, docs: list[str], **extra: Any) -> list[tuple[int, float]]:
     """The server's own /v1/rerank answer, asked with httpx directly: (index, score), as it orders them."""
     address = engine.info.address
+    # timeout: the largest request here (150 documents) takes ~6 s under load; 20x
     with httpx.Client(base_url=address.base_url, transport=address.transport(), headers=address.headers(),
                       timeout=120) as http:
         r = http.post("/v1/rerank", json={"query": query, "documents": docs, **extra})
@@ -209,6 +210,7 @@ def test_cli_rerank(reranker_path: Path) -> None:
 
 
 def _cli_rerank(cli: list[str], reranker_path: Path, docs: list[str], want: list[tuple[int, float]]) -> None:
+    # timeout=120 here and in test_cli_rerank: hang guards; the CLI test takes ~4 s under load in all
     out = json.loads(subprocess.run([*cli, "--json", str(reranker_path), QUERY, *docs], capture_output=True,
                                     text=True, timeout=120, check=True).stdout)
     assert [(r["rank"], r["index"], r["score"], r["document"]) for r in out["results"]] == [

@@ -30,6 +30,7 @@ from gguf_provider.llama_index import GGUF
 from gguf_provider.runtime import budget, gguf, speculative
 from tests.support.runtime import ROOT, RuntimeEnv, wait_until
 
+# A hang guard: the slowest test takes ~42 s under load, 10x; but the one marked below.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 N_CTX = 4096
@@ -46,7 +47,7 @@ def _argv(engine: Engine) -> list[str]:
 
 def _slots_speculate(engine: Engine) -> bool:
     addr = engine.info.address
-    with httpx.Client(transport=addr.transport(), base_url=addr.base_url, headers=addr.headers(), timeout=10) as h:
+    with httpx.Client(transport=addr.transport(), base_url=addr.base_url, headers=addr.headers(), timeout=10) as h:  # a GET: ~ms
         slots = h.get("/slots").json()
     return all(s["speculative"] for s in slots)
 
@@ -55,6 +56,7 @@ def _qwen(path: Path, **kw: Any) -> ChatGGUF:
     return ChatGGUF(model_path=str(path), n_ctx=N_CTX, temperature=0, max_tokens=MAX_TOKENS, **kw)
 
 
+@pytest.mark.timeout(1300)  # two starts, three replies of a 400-token prompt: ~128 s under load; 10x
 def test_auto_speculates_and_both_adapters_report_drafted_tokens(rt: RuntimeEnv, qwen_path: Path) -> None:
     auto = _qwen(qwen_path)  # the default
     off = _qwen(qwen_path, speculative=False)
@@ -117,7 +119,7 @@ def test_a_mismatched_draft_is_refused_before_any_server_starts(
     t0 = time.monotonic()
     with pytest.raises(DraftModelMismatchError) as info:
         _qwen(qwen_path, speculative=str(smollm2_path)).load()
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 10  # refused from the headers, before any start: ~0.07 s under load
     message = str(info.value)
     assert smollm2_path.name in message and qwen_path.name in message and "49152 tokens vs 151936" in message
     assert rt.servers() == [] and rt.registry() == {}
@@ -201,7 +203,8 @@ def test_q8_0_cache_fits_a_larger_automatic_context_under_a_memory_limit(
             assert reply.content.strip()
         finally:
             engine.unload()
-        wait_until(lambda: not rt.servers(), 15)  # its charge is gone before the next one is admitted
+        # its charge is gone before the next one is admitted (unload stopped it: ~0.01 s under load)
+        wait_until(lambda: not rt.servers(), 15)
     assert contexts["f16"] == 3072
     assert contexts["q8_0"] >= 1.8 * contexts["f16"]  # 2 bytes vs 34/32 per element: 1.88x, in steps of 256
 
@@ -241,7 +244,7 @@ def test_serve_takes_speculative_and_kv_cache_type(rt: RuntimeEnv) -> None:
         assert argv[argv.index("--spec-type") + 1] == "ngram-simple" and argv[argv.index("--cache-type-k") + 1] == "q8_0"
     finally:
         proc.send_signal(signal.SIGINT)
-        proc.wait(30)
-    wait_until(lambda: not rt.servers(), 15)
+        proc.wait(30)  # serve stops its server and exits: ~0.2 s under load
+    wait_until(lambda: not rt.servers(), 15)  # ~0.01 s under load
     bad = rt.gguf_cli("serve", str(rt.model), "--kv-cache-type", "q9_0")
     assert bad.returncode == 2 and "did you mean 'q8_0'" in bad.stderr

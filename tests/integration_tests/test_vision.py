@@ -39,7 +39,7 @@ from gguf_provider.errors import (
 from gguf_provider.langchain import ChatGGUF
 from gguf_provider.llama_index import GGUF
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(300)  # a hang guard: the slowest test takes ~7 s under load
 
 N_CTX = 2048
 TEXT = "Describe this image."
