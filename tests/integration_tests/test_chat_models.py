@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from gguf_provider.langchain import ChatGGUF
 from gguf_provider.langchain._utils import to_openai
 from gguf_provider.runtime.manager import props_n_ctx
 from gguf_provider.tools import answered_calls, heal_tool_calls, only_repeats
+from tests.support import slots
 
 pytestmark = pytest.mark.slow
 
@@ -210,42 +210,37 @@ async def test_context_overflow(tiny_ctx: ChatGGUF) -> None:
 
 
 def _busy_slots(llm: ChatGGUF) -> int:
-    return sum(1 for s in llm.engine.client.get_json("/slots") if s.get("is_processing"))
+    return slots.busy(llm.engine.client)
 
 
-def _wait_idle(llm: ChatGGUF, within: float) -> float:
-    t0 = time.monotonic()
-    while _busy_slots(llm):
-        assert time.monotonic() - t0 < within, "a slot kept generating after the client left"
-        time.sleep(0.02)
-    return time.monotonic() - t0
+LONG = 1000  # tokens asked for with ignore_eos: a request that was not cancelled generates all of them
+STORY = "Write a very long story about a lighthouse keeper, in many chapters."
 
 
+@pytest.mark.speed_timeout("smollm2", tokens=LONG)
 def test_break_out_of_stream_frees_slot(smol: ChatGGUF) -> None:
-    prompt = "Write a very long story about a lighthouse keeper, in many chapters."
-    for n, _chunk in enumerate(smol.stream(prompt, max_tokens=1000, ignore_eos=True)):
+    before = slots.generated(smol.engine.client)
+    for n, _chunk in enumerate(smol.stream(STORY, max_tokens=LONG, ignore_eos=True)):
         if n == 0:
             assert _busy_slots(smol) == 1  # it is generating
         if n >= 5:
             break
-    _wait_idle(smol, within=1.0)
+    slots.assert_stopped_early(smol.engine.client, before, LONG)
 
 
+@pytest.mark.speed_timeout("smollm2", tokens=LONG)
 async def test_break_out_of_astream_frees_slot(smol: ChatGGUF) -> None:
     from contextlib import aclosing
 
-    prompt = "Write a very long story about a lighthouse keeper, in many chapters."
-    async with aclosing(smol.astream(prompt, max_tokens=1000, ignore_eos=True)) as stream:
+    before = await asyncio.to_thread(slots.generated, smol.engine.client)
+    async with aclosing(smol.astream(STORY, max_tokens=LONG, ignore_eos=True)) as stream:
         n = 0
         async for _ in stream:
             n += 1
             if n >= 5:
                 break
-    # LangChain's astream does not close our _astream itself; the event loop finalizes it, so wait on the loop.
-    t0 = time.monotonic()
-    while await asyncio.to_thread(_busy_slots, smol):
-        assert time.monotonic() - t0 < 1.0, "a slot kept generating after the client left"
-        await asyncio.sleep(0.02)
+    # LangChain's astream does not close our _astream itself; the event loop finalizes it: wait in a thread.
+    await asyncio.to_thread(slots.assert_stopped_early, smol.engine.client, before, LONG)
 
 
 async def test_four_concurrent_ainvoke(smol: ChatGGUF) -> None:

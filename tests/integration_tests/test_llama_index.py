@@ -7,6 +7,7 @@ Module-scoped fixtures keep one server of each up for the whole file.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import subprocess
@@ -24,6 +25,7 @@ from pydantic import BaseModel
 
 from gguf_provider.llama_index import GGUF, GGUFEmbedding
 from gguf_provider.tools import heal_tool_calls
+from tests.support import slots
 
 pytestmark = pytest.mark.slow
 
@@ -154,6 +156,37 @@ async def test_astream_chat(llm: GGUF) -> None:
     text = "".join(r.delta or "" for r in responses)
     assert text.strip() and responses[-1].message.content == text
     assert responses[-1].raw["finish_reason"] in ("stop", "length")
+
+
+# Breaking out of a stream stops the generation on the server (no clock: tests/support/slots.py). On the SmolLM2
+# server of `thinker`: fast, and no other test of this module uses it meanwhile.
+LONG = 1000  # tokens asked for with ignore_eos: a request that was not cancelled generates all of them
+STORY = [ChatMessage(role="user", content="Write a very long story about a lighthouse keeper, in many chapters.")]
+
+
+@pytest.mark.speed_timeout("smollm2", tokens=LONG)
+def test_break_out_of_stream_chat_stops_generation(thinker: GGUF) -> None:
+    client = thinker.engine.client
+    before = slots.generated(client)
+    for n, _ in enumerate(thinker.stream_chat(STORY, max_tokens=LONG, ignore_eos=True)):
+        if n == 0:
+            assert slots.busy(client) == 1  # it is generating
+        if n >= 5:
+            break
+    slots.assert_stopped_early(client, before, LONG)
+
+
+@pytest.mark.speed_timeout("smollm2", tokens=LONG)
+async def test_break_out_of_astream_chat_stops_generation(thinker: GGUF) -> None:
+    client = thinker.engine.client
+    before = await asyncio.to_thread(slots.generated, client)
+    n = 0
+    async for _ in await thinker.astream_chat(STORY, max_tokens=LONG, ignore_eos=True):
+        n += 1
+        if n >= 5:
+            break
+    # A plain break: the event loop finalizes the abandoned generator, so wait in a thread, not blocking the loop.
+    await asyncio.to_thread(slots.assert_stopped_early, client, before, LONG)
 
 
 PROMPT = "Name the capital of France in one word."

@@ -7,7 +7,6 @@ import copy
 import dataclasses
 import json
 import re
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,10 +20,13 @@ from IPython.testing import globalipapp
 from gguf_provider import chat as chat_module
 from gguf_provider import events, tools
 from gguf_provider.jupyter import commands, display
-from tests.support import make_notebook
+from tests.support import make_notebook, slots, speed
 from tests.support.runtime import pid_alive
 
-pytestmark = pytest.mark.timeout(300)
+# The heaviest test's work (tests/support/speed.py): the quickstart notebook, a kernel and a server started, three
+# replies of 60, 60 and 120 tokens and their prompts; the tests on Gemma 270M and Qwen3 (slower, a few tokens each)
+# fit in it too.
+pytestmark = pytest.mark.speed_timeout("smollm2", tokens=2000, starts=4)
 
 
 @pytest.fixture(scope="module")
@@ -184,10 +186,12 @@ def test_server_failure_is_one_line_with_log_path(ip: Any, tmp_path: Path, smoll
     assert "broken" not in _magics(ip).models
 
 
+@pytest.mark.speed_timeout("smollm2", tokens=200)
 def test_interrupt_keeps_partial_reply_and_frees_the_slot(ip: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     real = commands.chat.stream
 
     def interrupted(engine: Any, request: Any) -> Iterator[Any]:
+        request.params["ignore_eos"] = True  # it would run to -n if the server did not stop
         n = 0
         for ev in real(engine, request):
             yield ev
@@ -197,18 +201,13 @@ def test_interrupt_keeps_partial_reply_and_frees_the_slot(ip: Any, monkeypatch: 
 
     monkeypatch.setattr(commands.chat, "stream", interrupted)
     ip.run_line_magic("gguf", "reset")
+    client = _magics(ip).models["smol"].engine.client
+    before = slots.generated(client)
     ip.run_cell_magic("gguf", "-t 0 -n 200", "Count from 1 to 100, one number per line.")
     last = ip.user_ns["_gguf_last"]
     assert last.interrupted and last.text
     assert _magics(ip).models["smol"].history[-1].reply == last.text
-    engine = _magics(ip).models["smol"].engine
-    deadline = time.monotonic() + 10.0  # 1 s was too short in a run with a load of 4 on 2 cores
-    while True:
-        slots = engine.client.get_json("/slots")
-        if not any(s.get("is_processing") for s in slots) or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert not any(s.get("is_processing") for s in slots)
+    slots.assert_stopped_early(client, before, 200)  # fewer than -n: the server stopped when the client left
 
 
 def test_unload(ip: Any, gemma_path: Path) -> None:
@@ -218,10 +217,8 @@ def test_unload(ip: Any, gemma_path: Path) -> None:
     info = engine.info
     ip.run_line_magic("gguf", "unload second")
     assert "second" not in _magics(ip).models
-    deadline = time.monotonic() + 5
-    while info.alive() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not info.alive()  # keep_alive is 0 in the tests: the last lease stopped it
+    # keep_alive is 0 in the tests: the last lease's release stopped it before returning (SIGKILL past the grace).
+    assert not info.alive()
     with pytest.raises(httpx.TransportError):
         httpx.Client(transport=httpx.HTTPTransport(uds=info.address.socket)).get("http://x/health")
 
@@ -284,7 +281,8 @@ def test_image_cell_in_an_executed_notebook(tmp_path: Path, smollm2_path: Path, 
     nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
     from nbclient import NotebookClient
 
-    NotebookClient(nb, kernel_name="python3", timeout=240, allow_errors=True,
+    cell_bound = round(speed.measure("smollm2").bound(tokens=200, starts=2))  # a kernel's first cell, or a load
+    NotebookClient(nb, kernel_name="python3", timeout=cell_bound, allow_errors=True,
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
 
     def text(i: int) -> str:
@@ -523,10 +521,8 @@ def test_second_model_quant_reset_by_name_and_unload_all(ip: Any, smollm2_path: 
     pids = [m.models[n].engine.info.pid for n in ("smol", "q")]
     ip.run_line_magic("gguf", "unload --all")
     assert m.models == {} and m.current is None
-    deadline = time.monotonic() + 10  # keep_alive=0 in the test session: both servers stop
-    while [p for p in pids if pid_alive(p)]:
-        assert time.monotonic() < deadline, [p for p in pids if pid_alive(p)]
-        time.sleep(0.1)
+    # keep_alive=0 in the test session: each release stopped its server before returning.
+    assert not [p for p in pids if pid_alive(p)]
 
 
 @pytest.mark.parametrize("kernel", [False, True])

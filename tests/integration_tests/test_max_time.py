@@ -13,19 +13,24 @@ import pytest
 from llama_index.core.base.llms.types import ChatMessage
 
 from gguf_provider import ChatGGUF
-from gguf_provider.chat import MAX_TIME_GRACE
+from gguf_provider.chat import MAX_TIME_GRACE, TICKS
 from gguf_provider.errors import GenerationTimeWarning
 from gguf_provider.llama_index import GGUF
 from scripts.test_models import ensure
+from tests.support import speed
 
 PROMPT = "Write a long story about a lighthouse keeper."
 BOUND = 1.0
-# Generation may not run past our own close (plus one token's time, generously); a reply to the end of SmolLM2's
-# context (thousands of tokens) would take far longer on any CPU these tests run on.
-LATEST = BOUND * MAX_TIME_GRACE + 1 + 2.0
 EXTRA: dict[str, Any] = {"ignore_eos": True}
 
 pytestmark = pytest.mark.slow
+
+
+def latest() -> float:
+    """The most generation time the server may report: our own close (``MAX_TIME_GRACE`` x + 1 s), then the
+    ``TICKS`` + 1 tokens until we read the clock and the server sees the close, at a tenth of the measured speed.
+    A reply to the end of SmolLM2's context (thousands of tokens) takes far longer."""
+    return BOUND * MAX_TIME_GRACE + 1 + 10 * (TICKS + 1) / speed.measure("smollm2").tokens_per_s
 
 
 def _generated_s(timings: dict[str, Any]) -> float:
@@ -41,7 +46,7 @@ def test_chatgguf_reply_is_cut_by_max_time() -> None:
             reply = llm.invoke(PROMPT)
         assert reply.response_metadata["finish_reason"] == "length" and str(reply.content)
         timings = reply.response_metadata.get("timings") or {}
-        assert _generated_s(timings) < LATEST, timings  # 0 when we closed it: the server sent no timings
+        assert _generated_s(timings) < latest(), timings  # 0 when we closed it: the server sent no timings
         with pytest.warns(GenerationTimeWarning):
             chunks = list(llm.stream(PROMPT))
         assert chunks[-1].response_metadata["finish_reason"] == "length"

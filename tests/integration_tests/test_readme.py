@@ -18,12 +18,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import speed
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 FENCE = re.compile(r"^```(\w+)[^\n]*\n(.*?)^```\s*$", re.M | re.S)
-TIMEOUT = 120.0  # "under a minute on 2 cores", with room for a machine busy with other work
+# What an example makes SmolLM2 do, for tests/support/speed.py's bound: server starts (the interpreter's own start
+# and imports counted as one more) and tokens (generated, and prompts processed: no faster under load). The most of
+# any python block: two servers (a chat and an embedding one) or a stream and a tool call of 64 tokens each.
+PYTHON_WORK = {"tokens": 500, "starts": 3}
+IPYTHON_WORK = {"tokens": 200, "starts": 2}  # one server, a 64-token reply
 
 
 def blocks(language: str) -> list[str]:
@@ -50,9 +56,11 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _run(args: list[str], what: str) -> str:
+def _run(args: list[str], what: str, work: dict[str, int]) -> str:
+    """``work``'s bound for the run; the test's own (speed_timeout) has one start more."""
     t0 = time.monotonic()
-    proc = subprocess.run(args, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    bound = speed.measure("smollm2").bound(**work)
+    proc = subprocess.run(args, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=bound)
     took = time.monotonic() - t0
     assert proc.returncode == 0, f"{what} failed after {took:.0f} s:\n{proc.stdout}\n{proc.stderr}"
     print(f"{what}: {took:.1f} s")
@@ -66,10 +74,11 @@ def _demo_model() -> None:
     ensure("smollm2")  # what `make demo` fetches
 
 
+@pytest.mark.speed_timeout("smollm2", tokens=PYTHON_WORK["tokens"], starts=PYTHON_WORK["starts"] + 1)
 @pytest.mark.parametrize("index", range(len(blocks("python"))))
 def test_python_block_runs(index: int) -> None:
     code = blocks("python")[index]
-    out = _run([sys.executable, "-c", code], f"README python block {index + 1}")
+    out = _run([sys.executable, "-c", code], f"README python block {index + 1}", PYTHON_WORK)
     assert out.strip(), "the example printed nothing"
 
 
@@ -91,6 +100,8 @@ finally:
 """
 
 
+@pytest.mark.speed_timeout("smollm2", tokens=IPYTHON_WORK["tokens"], starts=IPYTHON_WORK["starts"] + 1)
 def test_ipython_blocks_run() -> None:
-    out = _run([sys.executable, "-c", f"CELLS = {blocks('ipython')!r}\n{SHELL}"], "README ipython blocks")
+    out = _run([sys.executable, "-c", f"CELLS = {blocks('ipython')!r}\n{SHELL}"], "README ipython blocks",
+               IPYTHON_WORK)
     assert re.search(r"^ANSWER str True$", out, re.M), out  # `%%gguf -o answer` kept the reply: a non-empty str
