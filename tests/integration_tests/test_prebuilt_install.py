@@ -39,6 +39,7 @@ from tests.support.llama_releases import (
     env_without_build_tools,
     other_assets,
 )
+from tests.support.timing import REACT
 from tests.support.tools import tool_path
 
 pytestmark = [
@@ -146,7 +147,8 @@ def test_install_from_the_mirror_in_seconds_without_a_compiler_then_serve(
     took = time.monotonic() - t0
     print(f"prebuilt install from the local mirror on a fresh cache: {took:.1f} s")
     assert out.returncode == 0, out.stderr
-    assert took < 30, f"the install took {took:.1f} s"
+    # typical ~9 s on a loaded 2-core machine; 10x, still far below a source build's ~8 minutes
+    assert took < 90, f"the install took {took:.1f} s"
     assert not record.exists(), f"a compiler ran: {record.read_text()}"
     target = install.prebuilt_dir(TAG, "cpu")
     assert out.stdout.startswith(f"llama-server installed: {target / 'llama-server'} (")
@@ -210,7 +212,7 @@ def test_an_install_killed_mid_download_leaves_nothing_that_breaks_the_next(
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
                             start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 60  # the installer's start and first requests: < 3 s under load
         while not any(r.path == f"/files/{ASSET}" for r in srv.requests):
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
             time.sleep(0.05)
@@ -221,12 +223,12 @@ def test_an_install_killed_mid_download_leaves_nothing_that_breaks_the_next(
             assert time.monotonic() < deadline, "no partial download appeared"
             time.sleep(0.05)
         os.kill(proc.pid, sig)
-        proc.wait(10)
+        proc.wait(REACT)
     finally:
         stall.set()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+            proc.wait(REACT)
         if proc.stdout is not None:
             proc.stdout.close()
     target = install.prebuilt_dir(TAG, "cpu")
@@ -271,7 +273,7 @@ def test_an_install_killed_during_its_smoke_run_leaves_no_server_behind(
                             start_new_session=True)
     smoke: list[psutil.Process] = []
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 120  # start, download, extract: < 10 s under load
         while not smoke:
             assert proc.poll() is None and time.monotonic() < deadline, "no smoke run seen"
             smoke = _smoke_servers(proc.pid)
@@ -284,8 +286,8 @@ def test_an_install_killed_during_its_smoke_run_leaves_no_server_behind(
                 p.resume()
             except psutil.NoSuchProcess:  # already killed with the installer
                 pass
-        proc.wait(10)
-        gone = time.monotonic() + 5
+        proc.wait(REACT)
+        gone = time.monotonic() + REACT
         while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in smoke):
             assert time.monotonic() < gone, "the smoke run's llama-server outlived the installer"
             time.sleep(0.05)
@@ -298,7 +300,7 @@ def test_an_install_killed_during_its_smoke_run_leaves_no_server_behind(
                 pass
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+            proc.wait(REACT)
     target = install.prebuilt_dir(TAG, "cpu")
     assert not target.exists(), "a killed install left an install behind"
     again = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
@@ -397,7 +399,7 @@ def test_rate_limit_answers_fall_back_with_the_message(mirror: Callable[..., Rel
                                                        monkeypatch: pytest.MonkeyPatch, status: int) -> None:
     srv = mirror(status=status)
     lines, _, took = _fallback(srv, monkeypatch)
-    assert f"answered HTTP {status}" in lines[0] and took < 5
+    assert f"answered HTTP {status}" in lines[0] and took < 5  # typical ~0.13 s on a loaded 2-core machine
     if status in (403, 429):
         assert "(rate-limit):" in lines[0] and "set GITHUB_TOKEN (or GH_TOKEN) for a higher limit" in lines[0]
     if status == 403:
@@ -456,7 +458,7 @@ def test_no_network_falls_back_at_once(home: Path, monkeypatch: pytest.MonkeyPat
     api = {"unresolvable": "https://api.releases.invalid", "refused": f"http://127.0.0.1:{closed}"}[where]
     lines, _, took = _fallback(None, monkeypatch, api=api)
     assert "(network): could not reach" in lines[0] and "no network or DNS" in lines[0]
-    assert took < 5
+    assert took < 5  # typical <= 0.11 s on a loaded 2-core machine
     print(f"{where}: fallback decided in {took * 1000:.0f} ms")
 
 
