@@ -26,6 +26,10 @@ for _k in [k for k in os.environ if k.startswith("LLAMA_ARG_")]:
 # outlives a hang-up, the processes it starts get the disposition a user's script has.
 if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
     signal.signal(signal.SIGHUP, lambda _sig, _frame: None)
+# The same for SIGINT, which a shell without job control ignores in a background job (`make test &`, a CI runner):
+# Python's own handler (KeyboardInterrupt) here, the default in what the suite starts.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Shared fixtures and hooks: `rt` (a private home and runtime dir around the installed llama-server), the guard
 # that keeps tests/unit_tests offline, the skip (or, under `make test`, the error) when the integration tests' server
