@@ -221,6 +221,9 @@ class TestChatGGUFIntegration(ChatModelIntegrationTests):
     # does: under "auto", whether the 0.5B model calls get_weather or answers in prose is a near tie (prose in about
     # one run of twenty here, an AssertionError of the standard test's first check). The rest is the standard test's:
     # the result goes back with the tool still bound ("auto") and the model answers.
+    # langchain-tests' test_no_overrides_DO_NOT_OVERRIDE accepts an override only with an xfail mark that gives a
+    # reason; its condition False says this one is not expected to fail (a failure fails the run).
+    @pytest.mark.xfail(False, reason="overridden: the first call is required (tool_choice), see above")
     @pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)
     def test_agent_loop(self, model: BaseChatModel) -> None:
         source = inspect.getsource(ChatModelIntegrationTests.test_agent_loop)
