@@ -111,6 +111,15 @@ def rows(res: dict[str, Any]) -> list[Row]:
         for mode, what in MODES.items():
             add(f"P18 turns {turn}–{last} prompt tokens, cache reuse ÷ without: {what}", "ChatGGUF",
                 p[mode]["after_change"], 3)
+    if "p19" in res:
+        p = res["p19"]
+        add("P19 one model alone, decode tok/s, our threads ÷ llama.cpp's", "SmolLM2", p["alone"])
+        for variant, who in (("ours", "ours"), ("default", "llama.cpp's")):
+            for k, name in (("small", "SmolLM2"), ("large", "Qwen 0.5B")):
+                s = p["pair"][variant][k]
+                if variant == "default":  # what users had: no verdict of ours (bench/results.md only)
+                    s = {key: v for key, v in s.items() if key not in ("goal", "verdict")}
+                add("P19 two models at once, decode tok/s ÷ alone", f"{who}: {name}", s, 2)
     for metric, what, summ, digits, unit in peer_rows(res):
         add(metric, what, summ, digits, unit)
     if "p6" in res:
@@ -274,6 +283,13 @@ def write_markdown(res: dict[str, Any], path: Path, cfg: Config) -> None:
         for mode in MODES:
             loop = p[mode]["loops"][0]
             lines += [f"- {mode}: with cache reuse {loop['on']}, without {loop['off']}"]
+    if "p19" in res:
+        p = res["p19"]
+        tps = p["alone_default_tps"]
+        lines += ["", f"P19 ({p['cores']} physical cores, {p['rounds']} rounds, replies of {p['tokens']} tokens): "
+                  f"gguf-provider's threads {p['threads']['small']} for {p['small']} (started first) and "
+                  f"{p['threads']['large']} for {p['large']}, `GOMP_SPINCOUNT={p['spin']}`; alone with llama.cpp's "
+                  f"defaults {tps['small']['median']:.1f} and {tps['large']['median']:.1f} tok/s (median)."]
     for line in peer_notes(res):
         lines += ["", line]
     path.write_text("\n".join(lines) + "\n")
@@ -321,7 +337,8 @@ def write_summary(res: dict[str, Any], path: Path, cfg: Config) -> None:
     ]
     if res.get("merged"):
         mg = res["merged"]
-        lines += [f"P3 and P11–P16: a later run of them alone ({mg['part_elapsed_s'] / 60:.0f} min); the rest: the "
+        names = ", ".join(k.upper() for k in mg["scenarios"] if not k.startswith("p2_"))
+        lines += [f"{names}: a later run of them alone ({mg['part_elapsed_s'] / 60:.0f} min); the rest: the "
                   f"full run before ({mg['base_elapsed_s'] / 60:.0f} min).", ""]
     elif "budget_s" in res:
         lines += [run_time(res), ""]
@@ -457,7 +474,7 @@ def write_docs(res: dict[str, Any], md_path: Path, png_path: Path, cfg: Config, 
     write_chart(res, png_path)
 
 
-SCENARIO_KEYS = ("p1", "p2_replay", "p3", "p4", "p5", "p6", "p7", "p9", "p17", "p18", "p11", "p11_defaults", "p12",
+SCENARIO_KEYS = ("p1", "p2_replay", "p3", "p4", "p5", "p6", "p7", "p9", "p17", "p18", "p19", "p11", "p11_defaults", "p12",
                  "p13", "p14", "p14_coder", "p15", "p16")
 
 

@@ -7,6 +7,7 @@ into their framework's types.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import families
+from .deadline import Deadline
 from .engine import Engine
 from .errors import GenerationTimeWarning, LoopWarning, ReasoningWarning, RepeatedToolCallWarning
 from .events import (
@@ -51,10 +53,10 @@ REASONING_EFFORTS = ("low", "medium", "high")
 # 7B model's speed on a slow CPU. Measured on the 2-core dev machine (256 tokens, ignore_eos): SmolLM2-135M Q4_1
 # 94-98 tokens/s, Qwen2.5-Coder-0.5B Q4_K_M 31-33: a 128k ramble would run 22 and 68 minutes; it ends after 10.
 DEFAULT_MAX_TIME = 600.0
-# llama-server checks t_max_predict_ms only when a token holds a newline; a reply past the bound that writes none
-# is closed by us once it is this much over (the same finish_reason and warning).
+# llama-server checks t_max_predict_ms only when a token holds a newline; a reply past the bound that writes none,
+# or whose next token does not come (a slow or paused server), is closed by a timer (gguf_provider/deadline.py)
+# at MAX_TIME_GRACE x max_time + 1 s after its first token (the same finish_reason and warning).
 MAX_TIME_GRACE = 1.25
-TICKS = 16  # events between two readings of the clock for that
 
 
 def normalize_tool_choice(choice: Any) -> str | None:
@@ -215,7 +217,8 @@ class EventProcessor:
         self.max_time = request.time_bound
         self.max_tokens = request.params.get("max_tokens")
         self.started: float | None = None  # the first generated token's arrival
-        self.ticks = 1  # events until the clock is read again (past_bound)
+        self.deadline: Deadline | None = None  # the timer that closes the stream past the bound (new_deadline)
+        self.waiting = False  # past_bound is called for each event: until the deadline is armed (or polled)
         self.overdue = False  # closed by us, past the bound with no newline for the server to stop at
         self.reason: str | None = None  # the server's finish reason
         self.predicted_ms: float | None = None
@@ -251,20 +254,39 @@ class EventProcessor:
             return [TextDelta(held), ev]
         return [ev]
 
+    def new_deadline(self, loop: asyncio.AbstractEventLoop | None = None) -> Deadline | None:
+        """The timer of one request's stream (None without a time bound): armed by :meth:`past_bound` at the
+        first generated token, it fires ``MAX_TIME_GRACE`` x ``max_time`` (+1 s) later."""
+        if self.max_time is None:
+            return None
+        self.deadline = Deadline(self.max_time * MAX_TIME_GRACE + 1, loop)
+        self.waiting = True
+        return self.deadline
+
     def past_bound(self, ev: Event) -> bool:
-        """Every ``TICKS`` events: whether the reply ran ``MAX_TIME_GRACE`` × ``max_time`` (+1 s) past its first
-        token without the server stopping it (it stops only at a newline); then the caller closes the stream."""
-        if self.max_time is None or self.reason is not None:
-            self.ticks = 1 << 62
+        """Called for each event while :attr:`waiting`: arms the deadline at the first generated token; true once
+        it fired. Where it shuts the stream's socket (a real connection) nothing is left to check per event; a
+        stream it cannot shut (an injected transport, a test's engine) is closed here, at its next event."""
+        deadline = self.deadline
+        if deadline is None:
+            self.waiting = False
             return False
-        if self.started is None:
-            if isinstance(ev, (TextDelta, ReasoningDelta, ToolCallDelta)):
-                self.started = time.monotonic()
-                self.ticks = TICKS
-            return False
-        self.ticks = TICKS
-        self.overdue = time.monotonic() - self.started > self.max_time * MAX_TIME_GRACE + 1
-        return self.overdue
+        if deadline.fired:
+            self.overdue = self.reason is None
+            return True
+        if not deadline.armed and isinstance(ev, (TextDelta, ReasoningDelta, ToolCallDelta)):
+            self.started = time.monotonic()
+            deadline.arm()
+            self.waiting = not deadline.watching
+        return False
+
+    def stream_ended(self) -> None:
+        """After the request's stream: the timer stops; a stream that its firing ended was cut by time."""
+        deadline = self.deadline
+        if deadline is not None:
+            deadline.cancel()
+            if deadline.fired and self.reason is None:
+                self.overdue = True
 
     def end(self) -> list[Event]:
         """After the stream: the finish of a reply we closed past its bound, and the warning of one cut by time."""
@@ -352,14 +374,15 @@ class EventProcessor:
 
 def _events(engine: Engine, request: ChatRequest, proc: EventProcessor) -> Iterator[Event]:
     """One request's events through ``proc``; a reply past its time bound is closed (the server cancels it)."""
-    events = engine.stream(request.payload(family_of(engine)), loop_guard=request.loop_guard)
+    events = engine.stream(request.payload(family_of(engine)), loop_guard=request.loop_guard,
+                           deadline=proc.new_deadline())
     try:
         for ev in events:
             yield from proc.feed(ev)
-            proc.ticks -= 1  # the clock is read every TICKS events: the per-token path stays a few calls
-            if proc.ticks <= 0 and proc.past_bound(ev):
+            if proc.waiting and proc.past_bound(ev):  # per token, once armed: one attribute read
                 break
     finally:
+        proc.stream_ended()
         if isinstance(events, Generator):
             events.close()
     yield from proc.end()
@@ -367,13 +390,17 @@ def _events(engine: Engine, request: ChatRequest, proc: EventProcessor) -> Itera
 
 async def _aevents(engine: Engine, request: ChatRequest, proc: EventProcessor) -> AsyncGenerator[Event, None]:
     # aclosing: closing this generator (a consumer that stops early) closes the request at once, not at GC.
-    async with aclosing(engine.astream(request.payload(family_of(engine)), loop_guard=request.loop_guard)) as events:
-        async for ev in events:
-            for out in proc.feed(ev):
-                yield out
-            proc.ticks -= 1
-            if proc.ticks <= 0 and proc.past_bound(ev):
-                break
+    deadline = proc.new_deadline(asyncio.get_running_loop())
+    try:
+        async with aclosing(engine.astream(request.payload(family_of(engine)), loop_guard=request.loop_guard,
+                                           deadline=deadline)) as events:
+            async for ev in events:
+                for out in proc.feed(ev):
+                    yield out
+                if proc.waiting and proc.past_bound(ev):
+                    break
+    finally:
+        proc.stream_ended()
     for out in proc.end():
         yield out
 
@@ -381,14 +408,15 @@ async def _aevents(engine: Engine, request: ChatRequest, proc: EventProcessor) -
 def stream(engine: Engine, request: ChatRequest) -> Iterator[Event]:
     proc = EventProcessor(request)
     # Inlined (not through _events): one generator less per token.
-    events = engine.stream(request.payload(family_of(engine)), loop_guard=request.loop_guard)
+    events = engine.stream(request.payload(family_of(engine)), loop_guard=request.loop_guard,
+                           deadline=proc.new_deadline())
     try:
         for ev in events:
             yield from proc.feed(ev)
-            proc.ticks -= 1
-            if proc.ticks <= 0 and proc.past_bound(ev):
+            if proc.waiting and proc.past_bound(ev):
                 break
     finally:
+        proc.stream_ended()
         if isinstance(events, Generator):
             events.close()
     yield from proc.end()
@@ -406,13 +434,17 @@ def stream(engine: Engine, request: ChatRequest) -> Iterator[Event]:
 async def astream(engine: Engine, request: ChatRequest) -> AsyncGenerator[Event, None]:
     proc = EventProcessor(request)
     # Inlined (not through _aevents): one async generator less per token.
-    async with aclosing(engine.astream(request.payload(family_of(engine)), loop_guard=request.loop_guard)) as events:
-        async for ev in events:
-            for out in proc.feed(ev):
-                yield out
-            proc.ticks -= 1
-            if proc.ticks <= 0 and proc.past_bound(ev):
-                break
+    deadline = proc.new_deadline(asyncio.get_running_loop())
+    try:
+        async with aclosing(engine.astream(request.payload(family_of(engine)), loop_guard=request.loop_guard,
+                                           deadline=deadline)) as events:
+            async for ev in events:
+                for out in proc.feed(ev):
+                    yield out
+                if proc.waiting and proc.past_bound(ev):
+                    break
+    finally:
+        proc.stream_ended()
     for out in proc.end():
         yield out
     if proc.looped:

@@ -132,7 +132,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
         print("no servers running")
     now = time.time()
     for r in rows:
-        print(f"{r.id}  pid {r.pid:>7}  ctx {r.ctx:>6}  mem {r.memory / 2**20:6.0f} MiB (rss "
+        print(f"{r.id}  pid {r.pid:>7}  ctx {r.ctx:>6}  threads {r.threads or '-':>2}  mem {r.memory / 2**20:6.0f} MiB (rss "
               f"{r.rss / 2**20:.0f})  leases {r.leases}  last used {now - r.last_used:6.0f}s ago  {r.model}  "
               f"{r.address}" + (f"  workers {','.join(r.workers)}" if r.workers else "")
               + (f"  {r.describe_options()}" if r.describe_options() else "")

@@ -13,6 +13,7 @@ from collections.abc import AsyncGenerator, Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .deadline import Deadline
 from .errors import APIError
 from .events import Event, Finish, ReasoningDelta, TextDelta, Timings, ToolCallDelta, Usage
 from .lazy import LazyModule
@@ -213,33 +214,53 @@ class EngineClient:
         _raise_for_status(r, r.content)
         return r.json()
 
-    def stream_chat(self, payload: dict[str, Any]) -> Generator[Event, None, None]:
+    def stream_chat(self, payload: dict[str, Any], deadline: Deadline | None = None) -> Generator[Event, None, None]:
         """Stream events. Closing the generator (``break`` in the consumer) closes the response, which makes
-        llama-server stop generating and free the slot."""
+        llama-server stop generating and free the slot. A ``deadline`` that fires shuts the response's socket:
+        the stream then ends without a finish (``deadline.fired`` says why)."""
         body = {**payload, "stream": True, "stream_options": {"include_usage": True}}
         parser = StreamParser()
         with _timeouts(), self.http.stream("POST", "/v1/chat/completions", json=body) as r:
             if r.status_code >= 400:
                 _raise_for_status(r, r.read())
-            for line in r.iter_lines():
-                events = parser.feed_line(line)
-                if events is None:
-                    return
-                yield from events
+            if deadline is not None:
+                deadline.watch(r)
+            try:
+                for line in r.iter_lines():
+                    events = parser.feed_line(line)
+                    if events is None:
+                        return
+                    yield from events
+            except httpx.TransportError:
+                if deadline is None or not deadline.fired:
+                    raise
+            finally:
+                if deadline is not None:
+                    deadline.unwatch()
 
-    async def astream_chat(self, payload: dict[str, Any]) -> AsyncGenerator[Event, None]:
+    async def astream_chat(self, payload: dict[str, Any],
+                           deadline: Deadline | None = None) -> AsyncGenerator[Event, None]:
         body = {**payload, "stream": True, "stream_options": {"include_usage": True}}
         parser = StreamParser()
         with _timeouts():
             async with self.ahttp.stream("POST", "/v1/chat/completions", json=body) as r:
                 if r.status_code >= 400:
                     _raise_for_status(r, await r.aread())
-                async for line in r.aiter_lines():
-                    events = parser.feed_line(line)
-                    if events is None:
-                        return
-                    for ev in events:
-                        yield ev
+                if deadline is not None:
+                    deadline.watch(r)
+                try:
+                    async for line in r.aiter_lines():
+                        events = parser.feed_line(line)
+                        if events is None:
+                            return
+                        for ev in events:
+                            yield ev
+                except httpx.TransportError:
+                    if deadline is None or not deadline.fired:
+                        raise
+                finally:
+                    if deadline is not None:
+                        deadline.unwatch()
 
     def tokenize(self, text: str, *, special: bool = True) -> list[int]:
         data = self.post_json("/tokenize", {"content": text, "add_special": special, "parse_special": special})

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from . import limits, media
 from .client import EngineClient
 from .client import RerankResult as RerankResult  # the result type of Engine.rerank
+from .deadline import Deadline
 from .errors import (
     APIError,
     GGUFProviderError,
@@ -108,6 +109,7 @@ class EngineConfig:
     kv_cache_type: str = "f16"  # K and V cache type: f16, q8_0, q4_0, ... (what the build lists)
     prompt_cache: bool = True  # long prompts' KV saved at a stop, restored by the next server (runtime/prompt_cache)
     cache_reuse: int = 64  # --cache-reuse chunk size (server_options.DEFAULT_CACHE_REUSE); 0: off
+    threads: int | None = None  # -t/-tb; None: the cores split among our CPU servers (runtime/threads.py)
     # Hosts, addresses or networks whose non-public image URLs may be fetched, "*", "file:" (media.FetchPolicy);
     # None: $GGUF_PROVIDER_MEDIA_ALLOW_HOSTS, read at each request
     media_allow_hosts: tuple[str, ...] | None = None
@@ -395,12 +397,14 @@ class Engine:
 
     # requests -----------------------------------------------------------------------------------------------
 
-    def stream(self, payload: dict[str, Any], *, loop_guard: bool = True) -> Iterator[Event]:
+    def stream(self, payload: dict[str, Any], *, loop_guard: bool = True,
+               deadline: Deadline | None = None) -> Iterator[Event]:
         """The reply's events. With ``loop_guard`` a reply that became a cycle is stopped (closing the stream
-        makes llama-server cancel it) and ends with :class:`LoopStopped` and ``Finish("repetition")``."""
+        makes llama-server cancel it) and ends with :class:`LoopStopped` and ``Finish("repetition")``. A
+        ``deadline`` that fires ends the stream early, without a finish (:mod:`gguf_provider.deadline`)."""
         payload = self.prepare(payload)
         guard = LoopGuard() if loop_guard else None
-        with self.guard(), closing(self.client.stream_chat(payload)) as events:
+        with self.guard(), closing(self.client.stream_chat(payload, deadline)) as events:
             for ev in events:
                 yield ev
                 stopped = guard.check(ev) if guard else None
@@ -408,11 +412,12 @@ class Engine:
                     yield from stopped
                     return
 
-    async def astream(self, payload: dict[str, Any], *, loop_guard: bool = True) -> AsyncGenerator[Event, None]:
+    async def astream(self, payload: dict[str, Any], *, loop_guard: bool = True,
+                      deadline: Deadline | None = None) -> AsyncGenerator[Event, None]:
         payload = await self.aprepare(payload)
         guard = LoopGuard() if loop_guard else None
         with self.guard():
-            async with aclosing(self.client.astream_chat(payload)) as events:
+            async with aclosing(self.client.astream_chat(payload, deadline)) as events:
                 async for ev in events:
                     yield ev
                     stopped = guard.check(ev) if guard else None

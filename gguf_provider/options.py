@@ -169,7 +169,8 @@ class SamplingOptions(_Options):
         "budget."))
     max_time: float | Literal["auto"] | None = Field(default="auto", description=(
         "Seconds of generation (`t_max_predict_ms`), then finish reason `length` and a `GenerationTimeWarning`; "
-        "`auto`: 600 without `max_tokens`; None/0: none."))
+        "a timer closes the reply 1.25x + 1 s after its first token however slow the server; `auto`: 600 without "
+        "`max_tokens`; None/0: none."))
     loop_guard: bool = Field(default=True, description=(
         "Stop a reply that became one unit repeated (finish reason `repetition`, a `LoopWarning`); False lets it "
         "run."))

@@ -42,6 +42,7 @@ class ServerStatus:
     # "n_layers": 13, "bytes": ...}, {"device": "CPU", ...}]; empty when everything is in RAM (no GPU-like device).
     placement: list[dict[str, Any]] = field(default_factory=list, hash=False)
     log: str = ""  # the server's log file (its stdout and stderr)
+    threads: int = 0  # its CPU threads (-t/-tb, runtime/threads.py); 0: none written (a model offloaded whole)
     # Its live numbers from /metrics and /slots (runtime/metrics.py): tok/s, KV use, requests, draft acceptance;
     # None when it did not answer within the bound (or was not asked: ``running_servers(live=False)``).
     metrics: ServerMetrics | None = None
@@ -99,7 +100,7 @@ def running_servers(*, live: bool = False) -> list[ServerStatus]:
                                  last_used=e.last_used or e.started_at or 0.0,
                                  holders=tuple(sorted(int(p) for p in e.leases)), workers=e.rpc_servers,
                                  options=dict(e.options), placement=[dict(p) for p in e.placement], log=e.log,
-                                 metrics=live_numbers.get(key)))
+                                 threads=e.threads, metrics=live_numbers.get(key)))
     return rows
 
 

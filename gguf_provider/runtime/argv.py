@@ -28,7 +28,7 @@ METRICS_FLAG = "--metrics"
 def build_argv(spec: ServerSpec, binary: Path, caps: ServerCapabilities, alias: str, n_ctx: int,
                address: Address, api_key_file: Path | None, *, header_pooling: int | None = None,
                placement: tuple[str, ...] = (), slot_save_path: Path | None = None,
-               recurrent: bool = False) -> list[str]:
+               recurrent: bool = False, threads: int | None = None) -> list[str]:
     argv = [str(binary), "-m", str(spec.model), "--alias", alias, "-c", str(n_ctx)]
     argv += [flag for flag in (*SAFETY_FLAGS, METRICS_FLAG) if caps.supports(flag)]
     if address.socket:
@@ -40,7 +40,7 @@ def build_argv(spec: ServerSpec, binary: Path, caps: ServerCapabilities, alias: 
     if api_key_file is not None:
         argv += ["--api-key-file", str(api_key_file)]
     build = Build(caps=caps, n_ctx=n_ctx, header_pooling=header_pooling, placement=placement,
-                  slot_save_path=slot_save_path, recurrent=recurrent)
+                  slot_save_path=slot_save_path, recurrent=recurrent, threads=threads)
     for option in IN_ARGV_ORDER:
         argv += option.flags_for(spec, build)
     return argv

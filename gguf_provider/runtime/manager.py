@@ -44,6 +44,7 @@ from . import fit as fit_mod
 from . import plan as plan_mod
 from . import rpc as rpc_mod
 from . import speculative as speculative_mod
+from . import threads as threads_mod
 from .argv import build_argv
 from .budget import MemoryBudget, fit_memory, local_share
 from .gguf import GGUFHeader
@@ -232,13 +233,15 @@ class ServerManager:
 
     def __init__(self, *, registry: registry.Registry | None = None, launcher: Launcher | None = None,
                  health: Health | None = None, clock: Clock | None = None, budget: Budget | None = None,
-                 installer: Installer | None = None, pid: int | None = None) -> None:
+                 installer: Installer | None = None, pid: int | None = None,
+                 cores: Callable[[], int] | None = None) -> None:
         self._registry = registry if registry is not None else _default_registry()
         self._launcher: Launcher = launcher or ProcessLauncher()
         self._health: Health = health or HTTPHealth()
         self._clock: Clock = clock or SystemClock()
         self._budget: Budget = budget or MemoryBudget()
         self._installer: Installer = installer or BinaryInstaller()
+        self._cores = cores or threads_mod.physical_cores  # what the CPU servers' threads split (runtime/threads)
         self._pid = os.getpid() if pid is None else pid
         self._pid_ctime: float | None = None
         self._lock = threading.RLock()
@@ -420,9 +423,10 @@ class ServerManager:
         else:
             address = Address(socket=str(run / f"{tag}.sock"))
         slot_dir, why_no_cache = _prompt_dir(spec, binary, caps)
+        n_threads, on_cpu = self._threads(spec, placed)
         argv = build_argv(spec, binary, caps, alias, n_ctx, address, api_key_file, header_pooling=header_pooling,
                           placement=tuple(placed.args()) if placed is not None and _places(spec) else (),
-                          slot_save_path=slot_dir, recurrent=recurrent)
+                          slot_save_path=slot_dir, recurrent=recurrent, threads=n_threads)
         with open(log_path, "ab") as log:
             log.write(f"# gguf-provider: {' '.join(argv)}\n".encode())
             if why_no_cache:
@@ -446,7 +450,8 @@ class ServerManager:
                 leases={me: my_ctime}, idle_since=None, started_at=now, last_used=now, binary=str(binary),
                 family=family, charge=admitted.charge, rpc_servers=tuple(spec.rpc_servers),
                 options=server_options.summary(spec), placement=tuple(placed.summary()) if placed is not None else (),
-                prompt_cache=str(slot_dir) if slot_dir else "")
+                prompt_cache=str(slot_dir) if slot_dir else "",
+                threads=on_cpu)
             data[key] = entry
         admission_lock.release()  # registered with its charge: the next admission counts it
         if shared and keep_alive >= 0:
@@ -487,6 +492,24 @@ class ServerManager:
         info.props, info.n_ctx = props, n_eff
         return info
 
+    def _threads(self, spec: ServerSpec, placed: plan_mod.Plan | None) -> tuple[int | None, int]:
+        """The ``-t``/``-tb`` of a start (runtime/threads.py) and the threads it computes with on the CPU (what the
+        registry counts and `ps` shows; 0: none). The user's ``threads`` or ``-t`` in ``server_args`` (its
+        llama.cpp default, every physical core, for -1), else the physical cores split among our CPU servers alive
+        now and this one; none for a model offloaded whole. Called under the admission lock: no other start of
+        ours decides meanwhile."""
+        if _offloaded_whole(spec, placed):
+            return spec.threads, 0
+        if spec.threads is not None:
+            return spec.threads, spec.threads
+        if threads_mod.sets_threads(spec.server_args):
+            asked = threads_mod.user_threads(spec.server_args)
+            return None, asked if asked is not None and asked > 0 else self._cores()
+        reg = self._registry
+        others = sum(1 for e in reg.read().values() if e.threads > 0 and reg.server_alive(e))
+        n = threads_mod.share(self._cores(), others)
+        return n, n
+
     def _release(self, key: str) -> None:
         with self._lock:
             n = self._refs.get(key, 0) - 1
@@ -518,6 +541,15 @@ class ServerManager:
 USER_PLACEMENT_FLAGS = frozenset({"-ngl", "--n-gpu-layers", "--gpu-layers", "-ts", "--tensor-split", "-ncmoe",
                                   "--n-cpu-moe", "-cmoe", "--cpu-moe", "-ot", "--override-tensor", "-sm",
                                   "--split-mode", "-dev", "--device", "-fit", "--fit"})
+
+
+def _offloaded_whole(spec: ServerSpec, placed: plan_mod.Plan | None) -> bool:
+    """Whether no layer computes on this machine's CPU: the plan (or the user's -ngl) puts every layer and the
+    output head on GPU-like devices."""
+    if placed is None or not placed.gpus or placed.n_cpu_moe:
+        return False
+    n_gpu = spec.n_gpu_layers if spec.n_gpu_layers is not None and spec.n_gpu_layers >= 0 else placed.n_gpu_layers
+    return n_gpu >= placed.n_layer + 1
 
 
 def _places(spec: ServerSpec) -> bool:

@@ -20,6 +20,7 @@ import psutil
 
 from ..errors import ServerStartError
 from ..lazy import LazyModule
+from . import threads
 from .progress import Progress
 
 if TYPE_CHECKING:
@@ -75,9 +76,13 @@ class Address:
 def clean_env() -> dict[str, str]:
     """Our environment minus every ``LLAMA_ARG_*`` twin of a flag (and LLAMA_API_KEY): they change a server silently.
     ``GGML_NO_BACKTRACE`` is set: an aborting server (e.g. an RPC worker went away) would otherwise attach gdb, when
-    installed, for seconds before it exits, and the client's typed error would wait for it."""
+    installed, for seconds before it exits, and the client's typed error would wait for it. ``GOMP_SPINCOUNT``:
+    llama.cpp's threads spin only briefly at their barrier (runtime/threads.py), unless the user chose a spin or
+    a wait policy."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_") and k != "LLAMA_API_KEY"}
     env.setdefault("GGML_NO_BACKTRACE", "1")
+    if "OMP_WAIT_POLICY" not in env:
+        env.setdefault("GOMP_SPINCOUNT", str(threads.GOMP_SPINCOUNT))
     return env
 
 

@@ -66,6 +66,7 @@ class Entry:
     # The memory plan, per device: {"device": "CUDA0", "layers": "layers 12-23 + output", "n_layers", "bytes"}.
     placement: tuple[Mapping[str, Any], ...] = field(default=(), hash=False)
     prompt_cache: str = ""  # its --slot-save-path: its long prompts are saved there when it stops; "": none
+    threads: int = 0  # its CPU threads (-t, runtime/threads.py); 0: none of ours (a model offloaded whole)
     extra: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)  # a newer version's fields
     schema_version: int = SCHEMA_VERSION
 
@@ -111,6 +112,7 @@ class Entry:
             placement=tuple(dict(p) for p in data.get("placement") or () if isinstance(p, dict))
             if isinstance(data.get("placement"), list) else (),
             prompt_cache=_str(data.get("prompt_cache")),
+            threads=_int(data.get("threads")),
             extra={k: v for k, v in data.items() if k not in known},
             # An older entry is upgraded as it is read; a newer one keeps its number (and its extra fields).
             schema_version=max(int(version), SCHEMA_VERSION) if _is_int(version) else SCHEMA_VERSION,

@@ -28,6 +28,7 @@ from ..errors import NotARerankerError
 from . import fit as fit_mod
 from . import rpc as rpc_mod
 from . import speculative as speculative_mod
+from . import threads as threads_mod
 from .gguf import read_tensors
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ class Build:
     placement: tuple[str, ...] = ()  # the memory plan's -ngl / --tensor-split / --n-cpu-moe (runtime/plan.py)
     slot_save_path: Path | None = None  # the prompt cache's directory for this server (runtime/prompt_cache.py)
     recurrent: bool = False  # the model has recurrent (SSM) layers (its header's `ssm.*` keys)
+    threads: int | None = None  # -t/-tb of a server computing on the CPU (runtime/threads.py); None: none written
 
 
 Identity = Literal["args", "file", "binary"] | None
@@ -251,6 +253,20 @@ def _prompt_cache(spec: ServerSpec, build: Build) -> list[str]:
 DEFAULT_CACHE_REUSE = 64  # tokens; measured in bench/NOTES.md (P18)
 
 
+def validate_threads(value: Any) -> int | None:
+    """``threads``: a positive count, or None for the runtime's split of the cores (runtime/threads.py)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"threads={value!r}: pass a number of CPU threads (1 or more), or None for gguf-provider's "
+                         "split of the cores among the servers that share them (docs/runtime.md)")
+    return value
+
+
+def _threads(spec: ServerSpec, build: Build) -> list[str]:
+    return threads_mod.argv(build.threads)  # the start decides (the user's value, or the split)
+
+
 def validate_cache_reuse(value: Any) -> int:
     """``cache_reuse``: a chunk size in tokens, 0 (or False) for off."""
     if value is False:
@@ -403,6 +419,14 @@ OPTIONS: tuple[ServerOption, ...] = (
         flags=("--cache-reuse",), argv=_cache_reuse, needs=("--cache-reuse",), normalize=validate_cache_reuse,
         group="chat"),
     ServerOption(
+        # No part of the identity, like the prompt cache: a server with another count gives the same replies; the
+        # first start's setting holds.
+        "threads", int | None, None,
+        "CPU threads for generation and batches (`-t`/`-tb`); default: the physical cores divided among the "
+        "CPU servers gguf-provider runs at once (the first gets them all; docs/runtime.md). Not written for a "
+        "model offloaded whole to GPUs.",
+        flags=("-t", "-tb"), argv=_threads, identity=None, normalize=validate_threads),
+    ServerOption(
         "llama_server", str | None, None,
         "The llama-server binary to run; default: discovery (`$GGUF_PROVIDER_LLAMA_SERVER`, PATH, our build).",
         place=Place.HEAD, identity="binary"),
@@ -469,6 +493,7 @@ class ServerSpec:
     rerank: bool = False
     prompt_cache: bool = True
     cache_reuse: int = DEFAULT_CACHE_REUSE
+    threads: int | None = None
 
     def identity(self, binary: Path) -> dict[str, Any]:
         return {

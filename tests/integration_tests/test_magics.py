@@ -7,6 +7,7 @@ import copy
 import dataclasses
 import json
 import re
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,11 @@ from IPython.testing import globalipapp
 
 from gguf_provider import chat as chat_module
 from gguf_provider import events, tools
+from gguf_provider.chat import MAX_TIME_GRACE
+from gguf_provider.errors import GenerationTimeWarning
 from gguf_provider.jupyter import commands, display
 from tests.support import make_notebook, slots, speed
+from tests.support.pause import CUT_SLACK, Pauser
 from tests.support.runtime import pid_alive
 
 # The heaviest test's work (tests/support/speed.py): the quickstart notebook, a kernel and a server started, three
@@ -552,3 +556,28 @@ def test_load_progress_in_terminal_and_notebook(kernel: bool, monkeypatch: pytes
         assert [o["text/plain"].split(" ")[0] for o in shown] == ["loading", "loaded"], shown
     else:
         assert "\rloading model … " in out.out and not shown
+
+
+@pytest.mark.timeout(300)  # a cut at 3.5 s; a reply that is not cut hangs on the paused server until this
+def test_max_time_cuts_a_paused_server(ip: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--max-time`` holds even when no token comes: the server is held still after its first token, and the
+    cell still ends at ``MAX_TIME_GRACE`` x 2 + 1 s, with what was written so far (test_max_time.py: the adapters)."""
+    real = commands.chat.stream
+
+    def endless(engine: Any, request: Any) -> Iterator[Any]:
+        request.params["ignore_eos"] = True  # it would write to the end of the context
+        return real(engine, request)
+
+    monkeypatch.setattr(commands.chat, "stream", endless)
+    ip.run_line_magic("gguf", "reset")
+    pauser = Pauser(_magics(ip).models["smol"].engine, None)
+    pauser.start()
+    try:
+        with pytest.warns(GenerationTimeWarning, match="max_time=2 s"):
+            ip.run_cell_magic("gguf", "--max-time 2 -t 0.8", "Write a long story about a lighthouse keeper.")
+        ended = time.monotonic()
+    finally:
+        pauser.stop()
+    assert pauser.paused_at is not None
+    assert ended - pauser.paused_at < 2 * MAX_TIME_GRACE + 1 + CUT_SLACK
+    assert ip.user_ns["_gguf_last"].text

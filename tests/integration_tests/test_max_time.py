@@ -3,21 +3,30 @@ llama-server request field, through ``model_kwargs`` / ``additional_kwargs``) wo
 ``max_time=1`` ends the reply after about a second — llama-server's ``t_max_predict_ms`` at the first newline past
 it, or our close when no newline comes within ``MAX_TIME_GRACE`` x + 1 s — with finish reason ``length`` and a
 ``GenerationTimeWarning``, in ChatGGUF and GGUF, whole and streamed. Nothing depends on the text the model writes:
-only on when and how it ends."""
+only on when and how it ends.
+
+A slow or paused server is cut by our timer (gguf_provider/deadline.py) whatever the speed: the server is held
+still with SIGSTOP right after its first token, or paused and resumed so that its tokens come seconds apart; the
+reply still ends ``MAX_TIME_GRACE`` x ``max_time`` + 1 s after its first token, in every adapter, sync and async
+(the magics: tests/integration_tests/test_magics.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from llama_index.core.base.llms.types import ChatMessage
 
 from gguf_provider import ChatGGUF
-from gguf_provider.chat import MAX_TIME_GRACE, TICKS
+from gguf_provider.chat import MAX_TIME_GRACE
 from gguf_provider.errors import GenerationTimeWarning
 from gguf_provider.llama_index import GGUF
 from scripts.test_models import ensure
 from tests.support import speed
+from tests.support.pause import CUT_SLACK, Pauser
 
 PROMPT = "Write a long story about a lighthouse keeper."
 BOUND = 1.0
@@ -28,9 +37,9 @@ pytestmark = pytest.mark.slow
 
 def latest() -> float:
     """The most generation time the server may report: our own close (``MAX_TIME_GRACE`` x + 1 s), then the
-    ``TICKS`` + 1 tokens until we read the clock and the server sees the close, at a tenth of the measured speed.
-    A reply to the end of SmolLM2's context (thousands of tokens) takes far longer."""
-    return BOUND * MAX_TIME_GRACE + 1 + 10 * (TICKS + 1) / speed.measure("smollm2").tokens_per_s
+    tokens until the server sees the close (two), at a tenth of the measured speed. A reply to the end of
+    SmolLM2's context (thousands of tokens) takes far longer."""
+    return BOUND * MAX_TIME_GRACE + 1 + 10 * 2 / speed.measure("smollm2").tokens_per_s
 
 
 def _generated_s(timings: dict[str, Any]) -> float:
@@ -70,3 +79,70 @@ async def test_gguf_reply_is_cut_by_max_time() -> None:
         assert last.raw and last.raw["finish_reason"] == "length"
     finally:
         llm.unload()
+
+
+# --- a server that is really slow ----------------------------------------------------------------------------
+
+SLOW_BOUND = 2.0
+CUT_AT = SLOW_BOUND * MAX_TIME_GRACE + 1  # seconds after the first token
+
+
+@pytest.fixture(scope="module")
+def slow_llms() -> Iterator[tuple[ChatGGUF, GGUF]]:
+    # One server for both (same model and options); a context of its own so no other test's server is paused.
+    kw: dict[str, Any] = {"temperature": 0.8, "max_time": SLOW_BOUND, "loop_guard": False, "n_ctx": 1536}
+    lc = ChatGGUF(model=str(ensure("smollm2")), model_kwargs=EXTRA, **kw)
+    li = GGUF(model=str(ensure("smollm2")), additional_kwargs=EXTRA, **kw)
+    try:
+        assert lc.engine.info.pid == li.engine.info.pid
+        yield lc, li
+    finally:
+        lc.unload()
+        li.unload()
+
+
+def _langchain_invoke(lc: ChatGGUF, li: GGUF) -> str | None:
+    return str(lc.invoke(PROMPT).response_metadata["finish_reason"])
+
+
+def _langchain_astream(lc: ChatGGUF, li: GGUF) -> str | None:
+    async def run() -> str | None:
+        chunks = [c async for c in lc.astream(PROMPT)]
+        return str(chunks[-1].response_metadata.get("finish_reason"))
+    return asyncio.run(run())
+
+
+def _llama_index_chat(lc: ChatGGUF, li: GGUF) -> str | None:
+    raw = li.chat([ChatMessage(role="user", content=PROMPT)]).raw
+    return str(raw["finish_reason"]) if raw else None
+
+
+def _llama_index_astream(lc: ChatGGUF, li: GGUF) -> str | None:
+    async def run() -> str | None:
+        last = [r async for r in await li.astream_chat([ChatMessage(role="user", content=PROMPT)])][-1]
+        return str(last.raw["finish_reason"]) if last.raw else None
+    return asyncio.run(run())
+
+
+CALLS: dict[str, Callable[[ChatGGUF, GGUF], str | None]] = {
+    "ChatGGUF.invoke": _langchain_invoke, "ChatGGUF.astream": _langchain_astream,
+    "GGUF.chat": _llama_index_chat, "GGUF.astream_chat": _llama_index_astream,
+}
+
+
+@pytest.mark.timeout(300)  # a start (~2 s) and a cut at 3.5 s; a reply that is not cut hangs until this
+@pytest.mark.parametrize("period", [None, 1.5], ids=["paused", "tokens-seconds-apart"])
+@pytest.mark.parametrize("call", list(CALLS))
+def test_a_slow_server_is_cut_at_the_bound(slow_llms: tuple[ChatGGUF, GGUF], call: str, period: float | None) -> None:
+    lc, li = slow_llms
+    pauser = Pauser(lc.engine, period)
+    pauser.start()
+    try:
+        with pytest.warns(GenerationTimeWarning, match="max_time=2 s"):
+            reason = CALLS[call](lc, li)
+        ended = time.monotonic()
+    finally:
+        pauser.stop()
+    assert reason == "length"
+    assert pauser.paused_at is not None  # held after the first token: the cut came from our timer
+    assert ended - pauser.paused_at < CUT_AT + CUT_SLACK, ended - pauser.paused_at

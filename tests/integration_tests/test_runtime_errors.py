@@ -109,9 +109,9 @@ def test_prompt_longer_than_context_is_refused_before_generation(rt: RuntimeEnv,
     sent: list[dict[str, Any]] = []
     real_stream = EngineClient.stream_chat
 
-    def stream_chat(self: EngineClient, payload: dict[str, Any]) -> Any:
+    def stream_chat(self: EngineClient, payload: dict[str, Any], deadline: Any = None) -> Any:
         sent.append(payload)
-        return real_stream(self, payload)
+        return real_stream(self, payload, deadline)
 
     monkeypatch.setattr(EngineClient, "stream_chat", stream_chat)  # the one request path
     engine = Engine(EngineConfig(model_path=str(rt.model), n_ctx=512, timeout=30))

@@ -5,9 +5,13 @@ us. The real server's side: tests/integration_tests/test_max_time.py."""
 
 from __future__ import annotations
 
+import asyncio
+import socket
+import threading
 import time
 import warnings
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,6 +19,7 @@ from llama_index.core.base.llms.types import ChatMessage
 
 from gguf_provider import ChatGGUF, chat
 from gguf_provider.chat import DEFAULT_MAX_TIME, ChatRequest
+from gguf_provider.deadline import Deadline
 from gguf_provider.errors import GenerationTimeWarning
 from gguf_provider.events import Event, Finish, TextDelta, Timings, Usage
 from gguf_provider.llama_index import GGUF
@@ -92,7 +97,7 @@ class _Rambler:
     closed = False
     props: dict[str, Any] = {}  # no chat template: no family
 
-    def stream(self, payload: dict[str, Any], *, loop_guard: bool = True) -> Iterator[Event]:
+    def stream(self, payload: dict[str, Any], *, loop_guard: bool = True, deadline: Any = None) -> Iterator[Event]:
         try:
             while True:
                 time.sleep(0.02)
@@ -127,3 +132,53 @@ def test_the_magics_take_max_time() -> None:
 
     assert _cell_parser().parse_args(["--max-time", "30"]).max_time == 30.0
     assert _cell_parser().parse_args([]).max_time is None  # then the default: "auto"
+
+
+def _response(sock: socket.socket) -> Any:
+    """What the client hands :meth:`Deadline.watch`: an httpx response's ``network_stream`` extension."""
+    return SimpleNamespace(extensions={"network_stream": SimpleNamespace(
+        get_extra_info=lambda key: sock if key == "socket" else None)})
+
+
+def test_the_deadline_ends_a_read_that_waits_for_a_token() -> None:
+    """A timer, not a count of tokens: a read blocked on a silent socket returns when the deadline fires."""
+    ours, server = socket.socketpair()
+    with ours, server:
+        deadline = Deadline(0.2)
+        deadline.watch(_response(ours))
+        assert deadline.watching and not deadline.armed
+        start = time.monotonic()
+        deadline.arm()
+        assert ours.recv(16) == b""  # nothing was ever sent: only the shutdown ends this read
+        assert deadline.fired and time.monotonic() - start >= 0.2
+        deadline.cancel()
+
+
+def test_a_deadline_cancelled_or_unwatched_in_time_leaves_the_connection_alone() -> None:
+    ours, server = socket.socketpair()
+    with ours, server:
+        deadline = Deadline(0.05)
+        deadline.watch(_response(ours))
+        deadline.arm()
+        deadline.cancel()
+        time.sleep(0.2)
+        server.sendall(b"x")
+        assert ours.recv(1) == b"x" and not deadline.fired
+        late = Deadline(0.0)
+        late.watch(_response(ours))
+        late.unwatch()  # the response went back to the pool before the timer fired
+        late.fire()
+        server.sendall(b"y")
+        assert ours.recv(1) == b"y" and late.fired
+
+
+async def test_an_async_deadline_fires_on_the_event_loop() -> None:
+    ours, server = socket.socketpair()
+    with ours, server:
+        loop = asyncio.get_running_loop()
+        deadline = Deadline(0.1, loop)
+        deadline.watch(_response(ours))
+        deadline.arm()
+        assert not any(t.name == "gguf-provider-max-time" for t in threading.enumerate())  # the loop's timer
+        await asyncio.sleep(0.3)
+        assert deadline.fired and ours.recv(16) == b""
