@@ -124,16 +124,7 @@ def embedding_pooling(asked: str | None, header_pooling: int | None) -> str | No
 def user_ubatch(server_args: Sequence[str]) -> int | None:
     """The physical batch (``-ub``/``--ubatch-size``) the user set in ``server_args``, if any. Without one, an
     embedding server gets ``min(n_ctx, EMBED_UBATCH_MAX)``."""
-    for i, arg in enumerate(server_args):
-        for name in ("-ub", "--ubatch-size"):
-            value = server_args[i + 1] if arg == name and i + 1 < len(server_args) else (
-                arg.split("=", 1)[1] if arg.startswith(name + "=") else None)
-            if value is not None:
-                try:
-                    return int(value)
-                except ValueError:
-                    return None
-    return None
+    return threads_mod.int_flag(server_args, "-ub", "--ubatch-size")
 
 
 def cache_type_args(cache_type: str, caps: ServerCapabilities) -> list[str]:

@@ -46,10 +46,10 @@ def share(cores: int, others: int) -> int:
     return max(1, cores // (1 + max(0, others)))
 
 
-def user_threads(server_args: Sequence[str]) -> int | None:
-    """The generation threads (``-t``/``--threads``) the user set in ``server_args``, if any."""
+def int_flag(server_args: Sequence[str], *names: str) -> int | None:
+    """The number the first of ``names`` found in ``server_args`` is given (``-t 4`` or ``--threads=4``), if any."""
     for i, arg in enumerate(server_args):
-        for name in ("-t", "--threads"):
+        for name in names:
             value = server_args[i + 1] if arg == name and i + 1 < len(server_args) else (
                 arg.split("=", 1)[1] if arg.startswith(name + "=") else None)
             if value is not None:
@@ -58,6 +58,11 @@ def user_threads(server_args: Sequence[str]) -> int | None:
                 except ValueError:
                     return None
     return None
+
+
+def user_threads(server_args: Sequence[str]) -> int | None:
+    """The generation threads (``-t``/``--threads``) the user set in ``server_args``, if any."""
+    return int_flag(server_args, "-t", "--threads")
 
 
 def sets_threads(server_args: Iterable[str]) -> bool:

@@ -559,7 +559,7 @@ def test_load_progress_in_terminal_and_notebook(kernel: bool, monkeypatch: pytes
 
 
 @pytest.mark.timeout(300)  # a cut at 3.5 s; a reply that is not cut hangs on the paused server until this
-def test_max_time_cuts_a_paused_server(ip: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_max_time_cuts_a_paused_server(ip: Any, smollm2_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``--max-time`` holds even when no token comes: the server is held still after its first token, and the
     cell still ends at ``MAX_TIME_GRACE`` x 2 + 1 s, with what was written so far (test_max_time.py: the adapters)."""
     real = commands.chat.stream
@@ -569,15 +569,17 @@ def test_max_time_cuts_a_paused_server(ip: Any, monkeypatch: pytest.MonkeyPatch)
         return real(engine, request)
 
     monkeypatch.setattr(commands.chat, "stream", endless)
-    ip.run_line_magic("gguf", "reset")
-    pauser = Pauser(_magics(ip).models["smol"].engine, None)
+    ip.run_line_magic("gguf", f"load {smollm2_path} --ctx 1536 --as paused")  # a server no other test uses
+    pauser = Pauser(_magics(ip).models["paused"].engine, None)
     pauser.start()
     try:
         with pytest.warns(GenerationTimeWarning, match="max_time=2 s"):
-            ip.run_cell_magic("gguf", "--max-time 2 -t 0.8", "Write a long story about a lighthouse keeper.")
+            ip.run_cell_magic("gguf", "--max-time 2 -t 0.8 -n 1400 --no-history",  # -n: test_no_history_... set 64
+                              "Write a long story about a lighthouse keeper.")
         ended = time.monotonic()
     finally:
         pauser.stop()
+        ip.run_line_magic("gguf", "unload paused")
     assert pauser.paused_at is not None
     assert ended - pauser.paused_at < 2 * MAX_TIME_GRACE + 1 + CUT_SLACK
     assert ip.user_ns["_gguf_last"].text

@@ -382,9 +382,9 @@ def test_base64_does_not_shrink_max_tokens(llm: ChatGGUF, monkeypatch: pytest.Mo
     client = llm.engine.client
     real = client.stream_chat
 
-    def spy(payload: dict[str, Any]) -> Iterator[Any]:
+    def spy(payload: dict[str, Any], deadline: Any = None) -> Iterator[Any]:
         sent.append(copy.deepcopy(payload))
-        return real({**payload, "max_tokens": 1})  # what would be sent is recorded; one token is enough here
+        return real({**payload, "max_tokens": 1}, deadline)  # what would be sent is recorded; one token is enough here
 
     monkeypatch.setattr(client, "stream_chat", spy)
     content = [{"type": "text", "text": TEXT}, {"type": "image", "base64": data, "mime_type": "image/png"}]
