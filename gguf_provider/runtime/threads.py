@@ -3,7 +3,7 @@
 llama.cpp's threads wait for each other at a spinning barrier after every operation: a server with more threads
 than it has cores to itself spends the CPU spinning while the thread it waits for is not scheduled. Two servers
 each sized for the whole machine (llama.cpp's default: one thread per physical core) generating at once slowed to
-0.23-0.25 of their speed alone on the 2-core reference machine (bench/NOTES.md, "Threads that add up").
+0.01-0.25 of their speed alone on the 2-core reference machine (bench/NOTES.md, "P19: threads that add up").
 
 The rule (docs/runtime.md): a server that computes on the CPU (a CPU-only machine, or the part of a GPU/RAM
 split left in RAM; not a model the plan offloads whole) gets the physical cores divided among our CPU servers
@@ -23,9 +23,9 @@ import psutil
 THREAD_FLAGS = ("-t", "--threads", "-tb", "--threads-batch")
 # The spin of llama.cpp's barrier in an OpenMP build (our source build, Linux releases): libgomp spins 300,000
 # rounds before it sleeps, milliseconds of a core at each barrier whose other thread is not running, which is
-# what collapses servers that share cores. 700 rounds: a model alone as fast as with the default (1.03, 5 rounds
-# on the 2-core reference; 200 rounds: 0.95), two at once with the split above 0.41 and 0.47 of their speed
-# alone (with 300,000: 0.30 and 0.43). bench/NOTES.md, "Threads that add up"; set by process.clean_env.
+# what collapses servers that share cores. 700 rounds, with the split: two at once keep 0.34 and 0.53 of their
+# speed alone (bench P19; 300,000: 0.00-0.01 for the first; 3,000: 0.20), one alone 0.89 of the default in P19's
+# band 0.87-1.09 (1.03 on raw servers with an idle client). bench/NOTES.md, "P19"; set by process.clean_env.
 GOMP_SPINCOUNT = 700
 
 
