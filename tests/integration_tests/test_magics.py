@@ -24,7 +24,7 @@ from gguf_provider.chat import MAX_TIME_GRACE
 from gguf_provider.errors import GenerationTimeWarning
 from gguf_provider.jupyter import commands, display
 from tests.support import make_notebook, slots, speed
-from tests.support.pause import CUT_SLACK, Pauser
+from tests.support.pause import CUT_SLACK, Pauser, watch_arming
 from tests.support.runtime import pid_alive
 
 # The heaviest test's work (tests/support/speed.py): the quickstart notebook, a kernel and a server started, three
@@ -570,7 +570,8 @@ def test_max_time_cuts_a_paused_server(ip: Any, smollm2_path: Path, monkeypatch:
 
     monkeypatch.setattr(commands.chat, "stream", endless)
     ip.run_line_magic("gguf", f"load {smollm2_path} --ctx 1536 --as paused")  # a server no other test uses
-    pauser = Pauser(_magics(ip).models["paused"].engine, None)
+    armed = watch_arming(monkeypatch)
+    pauser = Pauser(_magics(ip).models["paused"].engine, None, armed)
     pauser.start()
     try:
         with pytest.warns(GenerationTimeWarning, match="max_time=2 s"):
@@ -580,6 +581,6 @@ def test_max_time_cuts_a_paused_server(ip: Any, smollm2_path: Path, monkeypatch:
     finally:
         pauser.stop()
         ip.run_line_magic("gguf", "unload paused")
-    assert pauser.paused_at is not None
-    assert ended - pauser.paused_at < 2 * MAX_TIME_GRACE + 1 + CUT_SLACK
+    assert armed.at is not None and pauser.paused_at is not None
+    assert ended - armed.at < 2 * MAX_TIME_GRACE + 1 + CUT_SLACK
     assert ip.user_ns["_gguf_last"].text

@@ -26,7 +26,7 @@ from gguf_provider.errors import GenerationTimeWarning
 from gguf_provider.llama_index import GGUF
 from scripts.test_models import ensure
 from tests.support import speed
-from tests.support.pause import CUT_SLACK, Pauser
+from tests.support.pause import CUT_SLACK, Pauser, watch_arming
 
 PROMPT = "Write a long story about a lighthouse keeper."
 BOUND = 1.0
@@ -133,9 +133,11 @@ CALLS: dict[str, Callable[[ChatGGUF, GGUF], str | None]] = {
 @pytest.mark.timeout(300)  # a start (~2 s) and a cut at 3.5 s; a reply that is not cut hangs until this
 @pytest.mark.parametrize("period", [None, 1.5], ids=["paused", "tokens-seconds-apart"])
 @pytest.mark.parametrize("call", list(CALLS))
-def test_a_slow_server_is_cut_at_the_bound(slow_llms: tuple[ChatGGUF, GGUF], call: str, period: float | None) -> None:
+def test_a_slow_server_is_cut_at_the_bound(slow_llms: tuple[ChatGGUF, GGUF], call: str, period: float | None,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
     lc, li = slow_llms
-    pauser = Pauser(lc.engine, period)
+    armed = watch_arming(monkeypatch)
+    pauser = Pauser(lc.engine, period, armed)
     pauser.start()
     try:
         with pytest.warns(GenerationTimeWarning, match="max_time=2 s"):
@@ -144,5 +146,5 @@ def test_a_slow_server_is_cut_at_the_bound(slow_llms: tuple[ChatGGUF, GGUF], cal
     finally:
         pauser.stop()
     assert reason == "length"
-    assert pauser.paused_at is not None  # held after the first token: the cut came from our timer
-    assert ended - pauser.paused_at < CUT_AT + CUT_SLACK, ended - pauser.paused_at
+    assert armed.at is not None and pauser.paused_at is not None  # held after the first token arrived
+    assert ended - armed.at < CUT_AT + CUT_SLACK, ended - armed.at

@@ -7,6 +7,9 @@ import signal
 import threading
 import time
 
+import pytest
+
+from gguf_provider.deadline import Deadline
 from gguf_provider.engine import Engine
 
 # What a max_time cut may take past its bound: a timer thread's (or the event loop's) wake-up and a socket's
@@ -15,20 +18,43 @@ from gguf_provider.engine import Engine
 CUT_SLACK = 5.0
 
 
+class Armed:
+    """When the client's max_time timer was armed: its first token arrived (``Deadline.arm``, wrapped by
+    :func:`watch_arming`). The bound runs from here, so a pause starts only after it."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.at: float | None = None
+
+
+def watch_arming(monkeypatch: pytest.MonkeyPatch) -> Armed:
+    armed = Armed()
+    real = Deadline.arm
+
+    def arm(self: Deadline) -> None:
+        real(self)
+        if armed.at is None:
+            armed.at = time.monotonic()
+        armed.event.set()
+
+    monkeypatch.setattr(Deadline, "arm", arm)
+    return armed
+
+
 class Pauser(threading.Thread):
-    """Holds the server still (SIGSTOP) once its slot has decoded a token: for good (``period=None``), or for
+    """Holds the server still (SIGSTOP) once the client got its first token (``armed``): for good (``period=None``), or for
     ``period`` seconds at a time with short runs between (tokens then come seconds apart). Resumes it when
     stopped. ``paused_at``: when it first held it."""
 
-    def __init__(self, engine: Engine, period: float | None) -> None:
+    def __init__(self, engine: Engine, period: float | None, armed: Armed) -> None:
         super().__init__(daemon=True, name="pauser")
-        self.client, self.pid, self.period = engine.client, engine.info.pid, period
+        self.client, self.pid, self.period, self.armed = engine.client, engine.info.pid, period, armed
         self.done = threading.Event()
         self.paused_at: float | None = None
 
     def run(self) -> None:
-        while not self.done.is_set() and not self._decoding():
-            time.sleep(0.01)
+        while not self.done.is_set() and not self.armed.event.wait(0.01):
+            pass
         while not self.done.is_set():
             os.kill(self.pid, signal.SIGSTOP)
             self.paused_at = self.paused_at or time.monotonic()
@@ -37,14 +63,6 @@ class Pauser(threading.Thread):
             os.kill(self.pid, signal.SIGCONT)
             time.sleep(0.03)  # a token or two
         os.kill(self.pid, signal.SIGCONT)
-
-    def _decoding(self) -> bool:
-        for slot in self.client.get_json("/slots"):
-            token = slot.get("next_token")
-            token = token[0] if isinstance(token, list) and token else token  # a list in newer builds
-            if slot.get("is_processing") and isinstance(token, dict) and token.get("n_decoded", 0) > 0:
-                return True
-        return False
 
     def stop(self) -> None:
         self.done.set()
