@@ -6,8 +6,10 @@ framework's rule for unknown keyword arguments (:class:`LangChainExtras`, :class
 is one field here plus the place in the runtime or in :mod:`gguf_provider.chat` that uses it: a field whose name is
 an :class:`~gguf_provider.engine.EngineConfig` field reaches the engine through :meth:`EngineOptions.engine_config`.
 A llama-server option is not declared here but in :data:`gguf_provider.runtime.server_options.OPTIONS`: the server
-groups' fields (their type, default, description and validation) are made from that table.
-``docs/reference.md`` is generated from these descriptions (``scripts/gen_reference.py``).
+groups' fields (their type, default and description) are written from that table into
+:mod:`gguf_provider._server_fields` by ``scripts/gen_options.py``, so that type checkers see them, and a value is
+checked by its entry's ``normalize`` (:meth:`_Options._server_option`). ``docs/reference.md`` is generated from
+these descriptions (``scripts/gen_reference.py``).
 """
 
 from __future__ import annotations
@@ -18,19 +20,21 @@ import warnings
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import (
+    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
     PrivateAttr,
     SecretStr,
     ValidationInfo,
-    create_model,
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 from typing_extensions import Self
 
 from . import chat
+from ._server_fields import _ChatServerFields, _EmbeddingServerFields, _ServerFields
 from .engine import (
     API_KEY_ENV,
     DEFAULT_TIMEOUT,
@@ -42,6 +46,9 @@ from .engine import (
 )
 from .runtime import server_options
 from .runtime.health import DEFAULT_START_TIMEOUT
+
+if TYPE_CHECKING:
+    from dataclasses import InitVar
 
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty",
             "seed", "max_tokens")
@@ -90,59 +97,65 @@ class ModelOptions(_Options):
     model: str | None = Field(default=None, description=(
         "The model: a `.gguf` path, a name in the models dir (file stem, case-insensitive) or `org/repo[:QUANT]` "
         "on Hugging Face."))
+    """The model: a `.gguf` path, a name in the models dir (file stem, case-insensitive) or `org/repo[:QUANT]`
+    on Hugging Face."""
     repo: str | None = Field(default=None, description="A Hugging Face repo id (`org/name`), instead of `model`.")
+    """A Hugging Face repo id (`org/name`), instead of `model`."""
     quant: str | None = Field(default=None, description=(
         "The quantization to pick from a repo (e.g. `Q4_K_M`); default: the best one the repo has, in our "
         "preference order."))
+    """The quantization to pick from a repo (e.g. `Q4_K_M`); default: the best one the repo has, in our
+    preference order."""
     filename: str | None = Field(default=None, description="The exact `.gguf` file to pick from the repo.")
+    """The exact `.gguf` file to pick from the repo."""
     revision: str | None = Field(default=None, description="A Hub branch, tag or commit to pin (default `main`).")
-    hf_token: SecretStr | None = Field(default=None, alias="token", description=(
+    """A Hub branch, tag or commit to pin (default `main`)."""
+    # An alias is a `validation_alias` and the same `serialization_alias` (what `alias=` sets), not an `alias=`:
+    # type checkers take that for a field's only keyword, its name an error to them. To them the alias is an InitVar:
+    # a keyword of the constructor, no attribute (pydantic's mypy plugin types it literally: with its `init_typed`,
+    # the alias is an error).
+    hf_token: SecretStr | None = Field(default=None, validation_alias="token", serialization_alias="token",
+                                       description=(
         "Hugging Face token for private or gated repos (also accepted as `token`; default: huggingface_hub's own, "
         "e.g. `$HF_TOKEN`)."))
+    """Hugging Face token for private or gated repos (also accepted as `token`; default: huggingface_hub's
+    own, e.g. `$HF_TOKEN`)."""
+    if TYPE_CHECKING:
+        token: InitVar[SecretStr | None] = None
+        """`hf_token`'s other name."""
     model_path: str | None = Field(default=None, description="A local `.gguf` file, used as it is (no lookup).")
+    """A local `.gguf` file, used as it is (no lookup)."""
     offline: bool | None = Field(default=None, description=(
         "Resolve Hub models from the local cache only, never the network (default: `$HF_HUB_OFFLINE`)."))
+    """Resolve Hub models from the local cache only, never the network (default: `$HF_HUB_OFFLINE`)."""
     base_url: str | None = Field(default=None, description=(
         "Attach to a running llama-server (http URL or Unix socket path) instead of starting one."))
+    """Attach to a running llama-server (http URL or Unix socket path) instead of starting one."""
     api_key: SecretStr | None = Field(default_factory=_env_api_key_secret, description=(
         f"Key of an attached server (default `${API_KEY_ENV}`); servers we start use their own key file."))
+    """Key of an attached server (default `$GGUF_PROVIDER_API_KEY`); servers we start use their own key
+    file."""
 
 
-def _declared(group: server_options.Group) -> dict[str, Any]:
-    """The pydantic fields of the llama-server options of ``group`` (server_options.OPTIONS), in table order."""
-    fields: dict[str, Any] = {}
-    for o in server_options.OPTIONS:
-        if o.group == group:
-            fields[o.name] = (o.type, Field(default_factory=o.factory, description=o.description) if o.factory
-                              else Field(default=o.default, description=o.description))
-    return fields
-
-
-if TYPE_CHECKING:  # the fields are made at run time; to mypy these are plain option groups
-    class _ServerFields(_Options): ...
-    class _ChatServerFields(_Options): ...
-    class _EmbeddingServerFields(_Options): ...
-else:
-    _ServerFields = create_model("_ServerFields", __base__=_Options, __module__=__name__, **_declared("server"))
-    _ChatServerFields = create_model("_ChatServerFields", __base__=_Options, __module__=__name__,
-                                     **_declared("chat"))
-    _EmbeddingServerFields = create_model("_EmbeddingServerFields", __base__=_Options, __module__=__name__,
-                                          **_declared("embedding"))
-
-
-class ServerOptions(_ServerFields):
+# The generated field classes come before _Options in a group's bases, as when the fields were made on _Options:
+# the adapters' fields keep their order (EmbeddingOptions too).
+class ServerOptions(_ServerFields, _Options):
     """How the llama-server is started and shared (part of the server's identity: other values, other server)."""
 
     shared: bool = Field(default=True, description=(
         "Share one server with every process that asks for the same model and options."))
+    """Share one server with every process that asks for the same model and options."""
     keep_alive: float | None = Field(default=None, description=(
         "Seconds the server lives after its last client lets go (0: at once, -1: until `gguf-provider stop`); "
         "default `$GGUF_PROVIDER_KEEP_ALIVE` or 300."))
+    """Seconds the server lives after its last client lets go (0: at once, -1: until `gguf-provider stop`);
+    default `$GGUF_PROVIDER_KEEP_ALIVE` or 300."""
     start_timeout: float = Field(default=DEFAULT_START_TIMEOUT, description=(
         "Seconds to wait for a starting server to load the model and answer `/health`."))
+    """Seconds to wait for a starting server to load the model and answer `/health`."""
 
 
-class ChatServerOptions(_ChatServerFields):
+class ChatServerOptions(_ChatServerFields, _Options):
     """Server options that only chat models have."""
 
 
@@ -150,32 +163,56 @@ class SamplingOptions(_Options):
     """Per-request generation settings (each may also be given per call)."""
 
     temperature: float | None = Field(default=None, description="Sampling temperature; default: the server's.")
+    """Sampling temperature; default: the server's."""
     top_p: float | None = Field(default=None, description="Nucleus sampling threshold.")
+    """Nucleus sampling threshold."""
     top_k: int | None = Field(default=None, description="Sample from the k most likely tokens.")
+    """Sample from the k most likely tokens."""
     min_p: float | None = Field(default=None, description="Drop tokens below this fraction of the top probability.")
+    """Drop tokens below this fraction of the top probability."""
     repeat_penalty: float | None = Field(default=None, description="Penalty for repeated tokens (1.0: none).")
+    """Penalty for repeated tokens (1.0: none)."""
     presence_penalty: float | None = Field(default=None, description="OpenAI-style presence penalty.")
+    """OpenAI-style presence penalty."""
     frequency_penalty: float | None = Field(default=None, description="OpenAI-style frequency penalty.")
+    """OpenAI-style frequency penalty."""
     seed: int | None = Field(default=None, description="Sampling seed, for repeatable replies.")
+    """Sampling seed, for repeatable replies."""
     max_tokens: int | None = Field(default=None, description=(
         "Most tokens to generate; default and cap: what the context leaves after the prompt."))
-    stop: list[str] | None = Field(default=None, alias="stop_sequences", description=(
+    """Most tokens to generate; default and cap: what the context leaves after the prompt."""
+    stop: list[str] | None = Field(default=None, validation_alias="stop_sequences",
+                                   serialization_alias="stop_sequences", description=(
         "Strings that end the reply (also accepted as `stop_sequences`)."))
+    """Strings that end the reply (also accepted as `stop_sequences`)."""
+    if TYPE_CHECKING:  # the alias, as hf_token's (ModelOptions)
+        stop_sequences: InitVar[list[str] | None] = None
+        """`stop`'s other name."""
     reasoning: bool | Literal["low", "medium", "high"] | None = Field(default=None, description=(
         "Thinking: None = the template's default, True/False = on/off, `low`/`medium`/`high` = gpt-oss's effort or "
         "a thinking budget of 1024/4096/unbounded tokens; per family in docs/models.md."))
+    """Thinking: None = the template's default, True/False = on/off, `low`/`medium`/`high` = gpt-oss's effort
+    or a thinking budget of 1024/4096/unbounded tokens; per family in docs/models.md."""
     reasoning_budget: int | None = Field(default=None, ge=-1, description=(
         "Most tokens of thinking (llama-server ends the thinking there; -1: unbounded); overrides `reasoning`'s "
         "budget."))
+    """Most tokens of thinking (llama-server ends the thinking there; -1: unbounded); overrides `reasoning`'s
+    budget."""
     max_time: float | Literal["auto"] | None = Field(default="auto", description=(
         "Seconds of generation (`t_max_predict_ms`), then finish reason `length` and a `GenerationTimeWarning`; "
         "a timer closes the reply 1.25x + 1 s after its first token however slow the server; `auto`: 600 without "
         "`max_tokens`; None/0: none."))
+    """Seconds of generation (`t_max_predict_ms`), then finish reason `length` and a `GenerationTimeWarning`;
+    a timer closes the reply 1.25x + 1 s after its first token however slow the server; `auto`: 600 without
+    `max_tokens`; None/0: none."""
     loop_guard: bool = Field(default=True, description=(
         "Stop a reply that became one unit repeated (finish reason `repetition`, a `LoopWarning`); False lets it "
         "run."))
+    """Stop a reply that became one unit repeated (finish reason `repetition`, a `LoopWarning`); False lets it
+    run."""
     auto_heal_tool_calls: bool = Field(default=True, description=(
         "Turn tool calls written as text (JSON, Qwen3-Coder XML) into tool calls."))
+    """Turn tool calls written as text (JSON, Qwen3-Coder XML) into tool calls."""
 
 
 class MediaOptions(_Options):
@@ -187,6 +224,11 @@ class MediaOptions(_Options):
         "addresses; `*` allows every host, `file:` reads `file://` URLs, `none` fetches no URL at all (a list, or "
         "one comma-separated string). Default: `$GGUF_PROVIDER_MEDIA_ALLOW_HOSTS`, else public addresses only "
         "(docs/security.md)."))
+    """Image URLs are fetched from public addresses only; these hosts (names, addresses or CIDR networks, e.g.
+    `localhost`, `10.0.0.0/8`) may be fetched although they resolve to loopback, private or other internal
+    addresses; `*` allows every host, `file:` reads `file://` URLs, `none` fetches no URL at all (a list, or
+    one comma-separated string). Default: `$GGUF_PROVIDER_MEDIA_ALLOW_HOSTS`, else public addresses only
+    (docs/security.md)."""
 
     @field_validator("media_allow_hosts", mode="before")
     @classmethod
@@ -199,11 +241,16 @@ class ClientOptions(_Options):
 
     timeout: float | None = Field(default=DEFAULT_TIMEOUT, description=(
         "Seconds a request may take (None: the default); local models can be slow."))
+    """Seconds a request may take (None: the default); local models can be slow."""
     max_retries: int = Field(default=2, description=(
         "Retries of a whole (non-streamed) request whose server crashed or was unreachable, on a fresh server."))
+    """Retries of a whole (non-streamed) request whose server crashed or was unreachable, on a fresh
+    server."""
     transport: Any = Field(default=None, exclude=True, description=(
         "An httpx transport for an attached `base_url` (tests replay recorded streams with "
         "`httpx.MockTransport`)."))
+    """An httpx transport for an attached `base_url` (tests replay recorded streams with
+    `httpx.MockTransport`)."""
 
 
 class EngineOptions(ModelOptions, ServerOptions, ClientOptions):
@@ -276,7 +323,7 @@ class ChatOptions(EngineOptions, ChatServerOptions, SamplingOptions, MediaOption
         return {k: getattr(self, k) for k in SAMPLING if getattr(self, k) is not None}
 
 
-class EmbeddingOptions(EngineOptions, _EmbeddingServerFields):
+class EmbeddingOptions(EngineOptions, _EmbeddingServerFields, _Options):
     """Every option of an embeddings adapter."""
 
     _embedding: ClassVar[bool] = True
@@ -284,6 +331,8 @@ class EmbeddingOptions(EngineOptions, _EmbeddingServerFields):
     truncate: bool = Field(default=False, description=(
         "A text longer than the model's context (e.g. 512 tokens for MiniLM): False raises "
         "`ContextOverflowError` naming it, True embeds its first tokens (never a silent cut)."))
+    """A text longer than the model's context (e.g. 512 tokens for MiniLM): False raises
+    `ContextOverflowError` naming it, True embeds its first tokens (never a silent cut)."""
 
     def embed(self, texts: list[str]) -> list[list[float]]:
         return self.engine.embed(texts, truncate=self.truncate, **self.extra_body()) if texts else []
@@ -299,8 +348,10 @@ class RerankOptions(EngineOptions):
 
     top_n: int | None = Field(default=3, ge=0, description=(
         "How many of the best documents (nodes) to keep, best first; None keeps them all, reordered."))
+    """How many of the best documents (nodes) to keep, best first; None keeps them all, reordered."""
     batch_size: int = Field(default=RERANK_BATCH, ge=1, description=(
         "Documents scored per `/v1/rerank` request; the best `top_n` are picked over all of them."))
+    """Documents scored per `/v1/rerank` request; the best `top_n` are picked over all of them."""
 
     def rerank(self, query: str, documents: list[str]) -> list[RerankResult]:
         return self.engine.rerank(query, documents, top_n=self.top_n, batch_size=self.batch_size,
@@ -317,13 +368,23 @@ _EXTRAS_DESCRIPTION = ("Extra fields sent in every request body (llama-server ta
                        "`dry_multiplier`). Unknown constructor arguments land here, with a warning.")
 
 
+def aliases(field: FieldInfo) -> list[str]:
+    """The other keyword names a field takes besides its own (its ``alias`` and ``validation_alias`` choices)."""
+    names = [field.alias] if field.alias else []
+    choices = field.validation_alias
+    for choice in choices.choices if isinstance(choices, AliasChoices) else [choices]:
+        if isinstance(choice, str) and choice not in names:
+            names.append(choice)
+    return names
+
+
 def forward_unknown(cls: type[BaseModel], values: Any, target: str) -> Any:
     """Move the keys of ``values`` that name no field of ``cls`` into ``values[target]``, warning about each with
     the closest known name; a known option given inside ``target`` is an error (it would be ambiguous)."""
     if not isinstance(values, dict):
         return values
     known = set(cls.model_fields)
-    known.update(f.alias for f in cls.model_fields.values() if f.alias)
+    known.update(a for f in cls.model_fields.values() for a in aliases(f))
     inside = values.get(target) or {}
     clash = sorted(set(inside) & known)
     if clash:
@@ -348,6 +409,8 @@ class LangChainExtras(_Options):
 
     _extras_field: ClassVar[str | None] = "model_kwargs"
     model_kwargs: dict[str, Any] = Field(default_factory=dict, description=_EXTRAS_DESCRIPTION)
+    """Extra fields sent in every request body (llama-server takes more than the named options, e.g.
+    `dry_multiplier`). Unknown constructor arguments land here, with a warning."""
 
 
 class LlamaIndexExtras(_Options):
@@ -355,3 +418,5 @@ class LlamaIndexExtras(_Options):
 
     _extras_field: ClassVar[str | None] = "additional_kwargs"
     additional_kwargs: dict[str, Any] = Field(default_factory=dict, description=_EXTRAS_DESCRIPTION)
+    """Extra fields sent in every request body (llama-server takes more than the named options, e.g.
+    `dry_multiplier`). Unknown constructor arguments land here, with a warning."""

@@ -99,7 +99,7 @@ def table(cls: type[BaseModel], names: list[str]) -> list[str]:
     rows = ["| parameter | type | default | description |", "|---|---|---|---|"]
     for name in names:
         f = cls.model_fields[name]
-        alias = f" (alias `{f.alias}`)" if f.alias else ""
+        alias = "".join(f" (alias `{a}`)" for a in options.aliases(f))
         rows.append(f"| `{name}`{alias} | {type_name(f.annotation)} | {default(f)} | {f.description} |")
     return rows
 
@@ -112,6 +112,7 @@ def render() -> str:
            "into every request body, with an `UnknownOptionWarning` naming the closest parameter; a known parameter "
            "inside those dicts is a `ValueError`. Sampling parameters and unknown keys may also be given per call "
            "(`invoke(..., temperature=0)`); a per-call value wins.", "",
+           "Type checkers flag misspelled parameters (pydantic's mypy plugin needs `init_forbid_extra = true`).", "",
            "| adapter | framework | option groups |", "|---|---|---|"]
     for cls in classes:
         groups = [title for group, title in GROUPS if issubclass(cls, group)]

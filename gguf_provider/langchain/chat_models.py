@@ -57,6 +57,7 @@ class ChatGGUF(BaseChatModel, ChatOptions, LangChainExtras):
 
     streaming: bool = Field(default=False, description=(
         "Make `invoke` stream internally (callbacks see each token); `stream` always streams."))
+    """Make `invoke` stream internally (callbacks see each token); `stream` always streams."""
 
     _engines: dict[str, Engine] = PrivateAttr(default_factory=dict)  # per-call ``model=`` overrides
 

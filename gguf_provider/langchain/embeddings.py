@@ -23,6 +23,7 @@ class GGUFEmbeddings(EmbeddingOptions, LangChainExtras, Embeddings):
     model_config = ConfigDict(defer_build=False)  # built at import (the option groups defer theirs)
 
     batch_size: int = Field(default=32, description="Texts sent per request.")
+    """Texts sent per request."""
 
     def _batches(self, texts: list[str]) -> list[list[str]]:
         n = max(1, self.batch_size)

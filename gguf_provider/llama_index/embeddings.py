@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
 from llama_index.core.bridge.pydantic import ConfigDict, Field
@@ -25,14 +25,17 @@ class GGUFEmbedding(BaseEmbedding, EmbeddingOptions, LlamaIndexExtras):
     model_config = ConfigDict(defer_build=False)  # built at import (the option groups defer theirs)
 
     query_instruction: str | None = Field(default=None, description="Prefix for queries (e.g. `query: `).")
+    """Prefix for queries (e.g. `query: `)."""
     text_instruction: str | None = Field(default=None, description="Prefix for documents (e.g. `passage: `).")
+    """Prefix for documents (e.g. `passage: `)."""
 
-    def __init__(self, **data: Any) -> None:
-        if not data.get("model_name"):
-            spec = data.get("model") or data.get("repo") or data.get("model_path") or data.get("base_url")
-            data["model_name"] = str(spec or "unknown")
-        data.setdefault("embed_batch_size", 32)
-        super().__init__(**data)
+    if not TYPE_CHECKING:  # type checkers take the fields for the signature, not this **data (which takes anything)
+        def __init__(self, **data: Any) -> None:
+            if not data.get("model_name"):
+                spec = data.get("model") or data.get("repo") or data.get("model_path") or data.get("base_url")
+                data["model_name"] = str(spec or "unknown")
+            data.setdefault("embed_batch_size", 32)
+            super().__init__(**data)
 
     @classmethod
     def class_name(cls) -> str:

@@ -64,6 +64,7 @@ class GGUF(FunctionCallingLLM, ChatOptions, LlamaIndexExtras):
 
     context_window: int | None = Field(default=None, description=(
         "Override `metadata.context_window` (default: the server's effective context)."))
+    """Override `metadata.context_window` (default: the server's effective context)."""
 
     @classmethod
     def class_name(cls) -> str:
