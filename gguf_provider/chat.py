@@ -390,6 +390,7 @@ def _events(engine: Engine, request: ChatRequest, proc: EventProcessor) -> Itera
 
 async def _aevents(engine: Engine, request: ChatRequest, proc: EventProcessor) -> AsyncGenerator[Event, None]:
     # aclosing: closing this generator (a consumer that stops early) closes the request at once, not at GC.
+    await engine.aload()  # the payload needs the server's template; a cold start must not block the loop
     deadline = proc.new_deadline(asyncio.get_running_loop())
     try:
         async with aclosing(engine.astream(request.payload(family_of(engine)), loop_guard=request.loop_guard,
@@ -433,6 +434,7 @@ def stream(engine: Engine, request: ChatRequest) -> Iterator[Event]:
 
 async def astream(engine: Engine, request: ChatRequest) -> AsyncGenerator[Event, None]:
     proc = EventProcessor(request)
+    await engine.aload()  # the payload needs the server's template; a cold start must not block the loop
     # Inlined (not through _aevents): one async generator less per token.
     deadline = proc.new_deadline(asyncio.get_running_loop())
     try:

@@ -8,14 +8,15 @@ starts a fresh server), retries such calls, and applies the context limits (:mod
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import os
 import threading
 import time
 import weakref
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
-from contextlib import aclosing, closing, contextmanager
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import aclosing, asynccontextmanager, closing, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -35,6 +36,8 @@ from .events import Collector, Completion, Event
 from .lazy import LazyModule
 from .loops import LoopGuard
 from .runtime import diagnose, prompt_cache, server_options
+from .runtime.cancel import Cancel
+from .runtime.cancel import check as check_cancel
 from .runtime.diagnose import rpc_lost as rpc_lost  # importable from here as before
 from .runtime.health import DEFAULT_START_TIMEOUT
 from .runtime.progress import Progress
@@ -123,16 +126,18 @@ class EngineConfig:
                 object.__setattr__(self, option.name, option.normalize(getattr(self, option.name)))
 
 
-def resolve_spec(cfg: EngineConfig) -> server_options.ServerSpec:
+def resolve_spec(cfg: EngineConfig, *, progress: Progress | None = None) -> server_options.ServerSpec:
     """The server spec of ``cfg``: the model resolved (found, or downloaded), with its projector when ``mmproj`` is
-    given (checked to be a projector file) or ``vision`` asks for the one beside the model or in its repo."""
+    given (checked to be a projector file) or ``vision`` asks for the one beside the model or in its repo.
+    ``progress`` (default: the config's) gets the download reports."""
     from .runtime import speculative
     from .runtime.models import ModelRef, resolve
 
     mode = speculative.OFF if cfg.embedding or cfg.rerank else speculative.normalize(cfg.speculative)
     found = resolve(ModelRef(
         cfg.model, repo=cfg.repo, quant=cfg.quant, filename=cfg.filename, revision=cfg.revision, token=cfg.hf_token,
-        model_path=cfg.model_path, vision=cfg.vision, mmproj=cfg.mmproj, offline=cfg.offline, progress=cfg.progress,
+        model_path=cfg.model_path, vision=cfg.vision, mmproj=cfg.mmproj, offline=cfg.offline,
+        progress=progress if progress is not None else cfg.progress,
         draft=mode if speculative.is_draft(mode) else None))
     resolved = found.model
     draft: Path | None = None
@@ -167,30 +172,85 @@ class Engine:
         self._info: mgr.ServerInfo | None = None
         self._client: EngineClient | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._aloading = 0  # coroutines awaiting aload() now
 
     # lifecycle ----------------------------------------------------------------------------------------------
 
+    def _loaded(self) -> mgr.ServerInfo | None:
+        """The server when it is up: every call's fast path (no lock; a process check for a server we started)."""
+        info = self._info
+        return info if info is not None and (self._lease is None or info.alive()) else None
+
+    def loaded(self) -> bool:
+        """Whether the server is up (nothing is started to find out)."""
+        return self._loaded() is not None
+
     def load(self) -> mgr.ServerInfo:
+        """Start (or attach to) the server, or return the running one."""
+        return self._loaded() or self._load(None)[0]
+
+    async def aload(self) -> mgr.ServerInfo:
+        """:meth:`load` without blocking the event loop: the install, download, start and health wait run in a
+        worker thread. Cancelling the awaiting coroutine stops the load at its next checkpoint
+        (runtime/cancel.py): a server it was starting is stopped and unregistered before the cancellation
+        propagates, and one it had just started is given back and stops unless another client holds it."""
+        info = self._loaded()
+        if info is not None:
+            return info
+        cancel = Cancel()
+        self._aloading += 1
+        work = asyncio.ensure_future(asyncio.to_thread(self._load, cancel))
+        try:
+            return (await asyncio.shield(work))[0]
+        except asyncio.CancelledError:
+            cancel.set()
+            while not work.done():  # the thread notices within one checkpoint; wait for it, cancelled or not
+                try:
+                    await asyncio.wait({work})
+                except asyncio.CancelledError:
+                    continue
+            if not work.cancelled() and work.exception() is None and work.result()[1] and self._aloading == 1:
+                await asyncio.to_thread(self._abandon)  # loaded just as its caller left, for no one else
+            raise
+        finally:
+            self._aloading -= 1
+
+    def _load(self, cancel: Cancel | None) -> tuple[mgr.ServerInfo, bool]:
+        """The server, and whether this call loaded it (False: another caller had meanwhile)."""
         from .runtime import manager as mgr
 
         with self._lock:
-            if self._info is not None and (self._lease is None or self._info.alive()):
-                return self._info
+            info = self._loaded()
+            if info is not None:
+                return info, False
             self._drop()
+            check_cancel(cancel)
             cfg = self.config
             if cfg.base_url:
                 info = mgr.attach(cfg.base_url, cfg.api_key, timeout=min(cfg.timeout, 30.0),
                                   transport=self.transport)
             else:
-                spec = resolve_spec(cfg)
+                spec = resolve_spec(cfg, progress=cancel.progress(cfg.progress) if cancel is not None else None)
                 lease = mgr.get_manager().acquire(spec, shared=cfg.shared, keep_alive=cfg.keep_alive,
-                                                  start_timeout=cfg.start_timeout, progress=cfg.progress)
+                                                  start_timeout=cfg.start_timeout, progress=cfg.progress,
+                                                  cancel=cancel)
                 self._lease, info = lease, lease.info
-                # Give the lease back when this engine is garbage-collected, not only at exit.
-                self._finalizer = weakref.finalize(self, lease.release)
+                # Give the lease back when this engine is garbage-collected, not only at exit (where the manager's
+                # atexit hook releases every lease).
+                self._finalizer = weakref.finalize(self, _release_in_thread, lease)
+                self._finalizer.atexit = False
             self._info = info
             self._client = EngineClient(info.address, timeout=cfg.timeout)
-            return info
+            if cancel is not None:
+                _import_async_transport()
+            return info, True
+
+    def _abandon(self) -> None:
+        with self._lock:
+            lease = self._lease
+            if lease is not None:
+                lease.abandon()
+            self._drop()
 
     def _drop(self) -> None:
         if self._client is not None:
@@ -253,6 +313,15 @@ class Engine:
         except httpx.TransportError as exc:
             raise self._failure(exc) from exc
 
+    @asynccontextmanager
+    async def aguard(self) -> AsyncIterator[None]:
+        """:meth:`guard` for async code: the failure's diagnosis (a process check with a grace, the log) runs in a
+        worker thread, not on the event loop."""
+        try:
+            yield
+        except httpx.TransportError as exc:
+            raise await asyncio.to_thread(self._failure, exc) from exc
+
     def _failure(self, exc: httpx.TransportError) -> Exception:
         info = self._info
         if info is not None and self._lease is not None and not _still_alive(info):
@@ -312,13 +381,14 @@ class Engine:
         return limits.apply_limits(payload, self.count_prompt_tokens(payload), n_ctx)
 
     async def aprepare(self, payload: dict[str, Any]) -> dict[str, Any]:
+        await self.aload()
         payload = await media.aprepare(payload, self.modalities(), model=self._where(), policy=self.media_policy())
         payload = await self.arestore_prompt(payload)
         n_ctx = self.n_ctx
         if not n_ctx or limits.fits(payload, n_ctx):
             return payload
         client = self.client
-        with self.guard():
+        async with self.aguard():
             prompt = await client.aapply_template(limits.template_payload(payload))
             n_prompt = len(await client.atokenize(prompt))
         return limits.apply_limits(payload, n_prompt, n_ctx)
@@ -361,13 +431,15 @@ class Engine:
 
     async def arestore_prompt(self, payload: dict[str, Any]) -> dict[str, Any]:
         cache = self._prompt_cache()
-        candidates = cache.pending() if cache is not None and "id_slot" not in payload else []
+        # The listing (a server's first requests only) in a worker thread: no file I/O on the event loop.
+        looks = cache is not None and cache.left > 0 and "id_slot" not in payload
+        candidates = await asyncio.to_thread(cache.pending) if cache is not None and looks else []
         if cache is None or not candidates:
             return payload
         client = self.client
         restoring: prompt_cache.Match | None = None
         try:
-            with self.guard():
+            async with self.aguard():
                 tokens = await client.atokenize(await client.aapply_template(limits.template_payload(payload)))
                 match = cache.choose(tokens, candidates)
                 slot = prompt_cache.free_slot(await client.aget_json("/slots")) if match is not None else None
@@ -416,7 +488,7 @@ class Engine:
                       deadline: Deadline | None = None) -> AsyncGenerator[Event, None]:
         payload = await self.aprepare(payload)
         guard = LoopGuard() if loop_guard else None
-        with self.guard():
+        async with self.aguard():
             async with aclosing(self.client.astream_chat(payload, deadline)) as events:
                 async for ev in events:
                     yield ev
@@ -454,9 +526,10 @@ class Engine:
 
     async def aembed(self, inputs: list[str], *, truncate: bool = False, **extra: Any) -> list[list[float]]:
         async def run() -> list[list[float]]:
+            await self.aload()
             client = self.client
             limit = self.embed_limit()
-            with self.guard():
+            async with self.aguard():
                 sent: list[str | list[int]] = []
                 for i, text in enumerate(inputs):
                     if not limits.may_exceed(text, limit):
@@ -504,9 +577,10 @@ class Engine:
             return []
 
         async def run() -> list[RerankResult]:
+            await self.aload()
             client = self.client
             limit = self.embed_limit()
-            with self.guard():
+            async with self.aguard():
                 long = [i for i, d in enumerate(docs) if limits.pair_may_exceed(query, d, limit)]
                 if long:
                     n_query = len(await client.atokenize(query, special=False))
@@ -543,6 +617,22 @@ class Engine:
 
     def with_config(self, **changes: Any) -> Engine:
         return Engine(replace(self.config, **changes), transport=self.transport)
+
+
+def _release_in_thread(lease: mgr.Lease) -> None:
+    """A collected engine's release, in a thread of its own: a collection runs in whatever thread allocated at
+    that moment (an event loop's, say), and a release may stop a server (keep_alive 0), which takes a moment."""
+    try:
+        threading.Thread(target=lease.release, name="gguf-provider-release").start()
+    except RuntimeError:  # no new threads at interpreter shutdown
+        lease.release()
+
+
+def _import_async_transport() -> None:
+    """Import what httpx's async transport imports at its first request (anyio's asyncio backend, ~0.1-0.9 s on 2
+    busy cores), here in aload's worker thread instead of on the caller's event loop."""
+    import anyio._backends._asyncio  # noqa: F401
+    import httpcore._async  # noqa: F401
 
 
 def best_first(results: list[RerankResult], top_n: int | None = None) -> list[RerankResult]:

@@ -165,6 +165,11 @@ class RPCWorkerLostError(ServerCrashedError):
         self.workers = workers
 
 
+class LoadCancelled(GGUFProviderError):
+    """A model load (install, download, server start) was stopped because its caller went away: the coroutine
+    awaiting ``aload()`` was cancelled. Nothing it started is left running or registered."""
+
+
 class ServerTimeoutError(ServerError):
     """llama-server did not answer within the timeout."""
 

@@ -289,6 +289,12 @@ class EngineOptions(ModelOptions, ServerOptions, ClientOptions):
         self.engine.load()
         return self
 
+    async def aload(self) -> Self:
+        """:meth:`load` without blocking the event loop (the start runs in a worker thread; cancelling the
+        awaiting task stops it)."""
+        await self.engine.aload()
+        return self
+
     def unload(self) -> None:
         """Give back this object's lease on its server: the server stops after ``keep_alive`` once no client
         holds it."""

@@ -78,13 +78,23 @@ class ChatGGUF(BaseChatModel, ChatOptions, LangChainExtras):
     def load(self) -> Self:
         """Start (or attach to) the server now instead of on first use."""
         self.engine.load()
+        self._set_profile()
+        return self
+
+    async def aload(self) -> Self:
+        """:meth:`load` without blocking the event loop (the start runs in a worker thread; cancelling the
+        awaiting task stops it)."""
+        await self.engine.aload()
+        self._set_profile()
+        return self
+
+    def _set_profile(self) -> None:
         modalities = self.engine.modalities()
         self.profile = {"max_input_tokens": self.engine.n_ctx,
                         "tool_calling": bool(self.engine.capabilities().get("supports_tools")),
                         "structured_output": True, "image_inputs": bool(modalities.get("vision")),
                         "image_url_inputs": bool(modalities.get("vision")),
                         "audio_inputs": bool(modalities.get("audio"))}
-        return self
 
     def unload(self) -> None:
         """Give back this model's leases on its servers (they stop after ``keep_alive``)."""
@@ -147,6 +157,14 @@ class ChatGGUF(BaseChatModel, ChatOptions, LangChainExtras):
         keep_reasoning = bool(engine.capabilities().get("supports_preserve_reasoning"))
         return engine, self.chat_request(to_openai(messages, keep_reasoning=keep_reasoning), kwargs)
 
+    async def _arequest(self, messages: list[BaseMessage], stop: list[str] | None,
+                        **kwargs: Any) -> tuple[Engine, chat.ChatRequest]:
+        """:meth:`_request` for the async paths: the servers it needs are loaded without blocking the loop."""
+        if self.profile is None:
+            await self.aload()
+        await self._engine_for(kwargs.get("model")).aload()
+        return self._request(messages, stop, **kwargs)
+
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
         if self.streaming:
@@ -164,7 +182,7 @@ class ChatGGUF(BaseChatModel, ChatOptions, LangChainExtras):
             from langchain_core.language_models.chat_models import agenerate_from_stream
 
             return await agenerate_from_stream(self._astream(messages, stop, run_manager, **kwargs))
-        engine, request = self._request(messages, stop, **kwargs)
+        engine, request = await self._arequest(messages, stop, **kwargs)
         with _lc_errors():
             completion = await chat.acomplete(engine, request)
         return self._result(completion, engine.model_name)
@@ -185,7 +203,7 @@ class ChatGGUF(BaseChatModel, ChatOptions, LangChainExtras):
     async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                        run_manager: AsyncCallbackManagerForLLMRun | None = None,
                        **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
-        engine, request = self._request(messages, stop, **kwargs)
+        engine, request = await self._arequest(messages, stop, **kwargs)
         chunks = _ChunkBuilder()
         with _lc_errors():
             async with aclosing(chat.astream(engine, request)) as events:

@@ -7,6 +7,7 @@ messages and engine events back to ``ChatResponse`` / ``CompletionResponse``.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Generator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -23,7 +24,7 @@ from llama_index.core.base.llms.types import (
     ToolCallBlock,
 )
 from llama_index.core.bridge.pydantic import BaseModel, ConfigDict, Field
-from llama_index.core.constants import DEFAULT_NUM_OUTPUTS
+from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW, DEFAULT_NUM_OUTPUTS
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
@@ -39,6 +40,14 @@ if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
 
 Model = TypeVar("Model", bound=BaseModel)
+
+def _on_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
 
 # Keyword arguments LlamaIndex passes along that are not request fields.
 _FRAMEWORK_KWARGS = frozenset({"formatted", "allow_parallel_tool_calls", "tool_required", "verbose", "strict"})
@@ -72,7 +81,16 @@ class GGUF(FunctionCallingLLM, ChatOptions, LlamaIndexExtras):
 
     @property
     def metadata(self) -> LLMMetadata:
+        """Read from the server. Asked on an event loop's thread before the server is up (LlamaIndex's callbacks
+        ask at the start of every ``achat``), it does not start one there, which would block the loop: the asked
+        ``n_ctx`` (else LlamaIndex's default window) stands until the call has started it (or ``await aload()``)."""
         engine = self.engine
+        if not engine.loaded() and _on_event_loop():
+            cfg = engine.config
+            return LLMMetadata(context_window=self.context_window or cfg.n_ctx or DEFAULT_CONTEXT_WINDOW,
+                               num_output=self.max_tokens or DEFAULT_NUM_OUTPUTS, is_chat_model=True,
+                               is_function_calling_model=True,
+                               model_name=str(cfg.model or cfg.repo or cfg.model_path or cfg.base_url))
         return LLMMetadata(
             context_window=self.context_window or engine.n_ctx,
             num_output=self.max_tokens or DEFAULT_NUM_OUTPUTS,
@@ -95,6 +113,7 @@ class GGUF(FunctionCallingLLM, ChatOptions, LlamaIndexExtras):
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        await self.engine.aload()  # before anything asks the server: a cold start must not block the loop
         request = self._request(messages, kwargs)
         return response(self.engine.model_name, await chat.acomplete(self.engine, request))
 
@@ -114,6 +133,7 @@ class GGUF(FunctionCallingLLM, ChatOptions, LlamaIndexExtras):
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
+        await self.engine.aload()
         request = self._request(messages, kwargs)
 
         async def gen() -> AsyncGenerator[ChatResponse, None]:

@@ -38,13 +38,13 @@ def main(argv: list[str]) -> int:
     if not argv:
         print("usage: python -m gguf_provider.runtime.guard COMMAND [ARG...]", file=sys.stderr)
         return 2
-    try:
-        child = subprocess.Popen(argv, start_new_session=True)  # its own group: cmake, ninja and every compiler
-    except OSError as exc:
-        print(f"guard: could not run {argv[0]!r}: {exc}", file=sys.stderr)
-        return 127
+    child: subprocess.Popen[bytes] | None = None
+    early: list[int] = []  # a stop signal that came while the command was being started
 
     def stop(signum: int, frame: FrameType | None) -> None:
+        if child is None:
+            early.append(signum)
+            return
         # SIGTERM first: ninja runs each compiler in a process group of its own and stops them all when it is told
         # to stop (a SIGKILL would orphan them to finish their files); then SIGKILL for whatever is left. No
         # child.wait() here: the main code is inside it, holding the lock it takes.
@@ -57,8 +57,17 @@ def main(argv: list[str]) -> int:
             os.killpg(child.pid, signal.SIGKILL)
         os._exit(128 + signum)
 
+    # The handlers come first: a signal sent once the command's children exist (as soon as it started them) must
+    # find them installed, however late this process is scheduled after the fork.
     for sig in STOP_SIGNALS:
         signal.signal(sig, stop)
+    try:
+        child = subprocess.Popen(argv, start_new_session=True)  # its own group: cmake, ninja and every compiler
+    except OSError as exc:
+        print(f"guard: could not run {argv[0]!r}: {exc}", file=sys.stderr)
+        return 127
+    if early:
+        stop(early[0], None)
     return child.wait()
 
 

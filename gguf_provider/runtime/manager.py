@@ -47,6 +47,8 @@ from . import speculative as speculative_mod
 from . import threads as threads_mod
 from .argv import build_argv
 from .budget import MemoryBudget, fit_memory, local_share
+from .cancel import Cancel
+from .cancel import check as check_cancel
 from .gguf import GGUFHeader
 from .health import DEFAULT_START_TIMEOUT as DEFAULT_START_TIMEOUT  # its home before
 from .health import HTTPHealth, Proc, props_n_ctx, read_props, speculating
@@ -94,15 +96,23 @@ class ServerInfo:
 class Lease:
     """A claim on a running server; :meth:`release` (or process exit) gives it back."""
 
-    def __init__(self, manager: ServerManager, info: ServerInfo) -> None:
+    def __init__(self, manager: ServerManager, info: ServerInfo, *, started: bool = False) -> None:
         self._manager = manager
         self.info = info
+        self.started = started  # this acquire started the server (it was not running before)
         self.released = False
 
     def release(self) -> None:
         if not self.released:
             self.released = True
             self._manager._release(self.info.key)
+
+    def abandon(self) -> None:
+        """Release a lease whose caller went away before using it (a cancelled load): a server this acquire
+        started stops now when no other client holds it, instead of living on for its keep_alive."""
+        if not self.released:
+            self.released = True
+            self._manager._release(self.info.key, stop_unused=self.started)
 
     def __enter__(self) -> Lease:
         return self
@@ -210,6 +220,24 @@ class SystemClock:
         time.sleep(seconds)
 
 
+class Ports(Protocol):
+    """Where a server that listens on TCP (``port=``, or Windows) gets its loopback port."""
+
+    def is_free(self, port: int) -> bool: ...
+
+    def free(self) -> int:
+        """A port free now."""
+        ...
+
+
+class LoopbackPorts:
+    def is_free(self, port: int) -> bool:
+        return process.port_is_free(port)
+
+    def free(self) -> int:
+        return process.free_port()
+
+
 class BinaryInstaller:
     """The discovery order of runtime/discovery.py (installing one on first use), and the binary's ``--help`` probe."""
 
@@ -234,7 +262,8 @@ class ServerManager:
     def __init__(self, *, registry: registry.Registry | None = None, launcher: Launcher | None = None,
                  health: Health | None = None, clock: Clock | None = None, budget: Budget | None = None,
                  installer: Installer | None = None, pid: int | None = None,
-                 cores: Callable[[], int] | None = None) -> None:
+                 cores: Callable[[], int] | None = None, ports: Ports | None = None,
+                 runtime_dir: Callable[[], Path] | None = None) -> None:
         self._registry = registry if registry is not None else _default_registry()
         self._launcher: Launcher = launcher or ProcessLauncher()
         self._health: Health = health or HTTPHealth()
@@ -242,9 +271,14 @@ class ServerManager:
         self._budget: Budget = budget or MemoryBudget()
         self._installer: Installer = installer or BinaryInstaller()
         self._cores = cores or threads_mod.physical_cores  # what the CPU servers' threads split (runtime/threads)
+        self._ports: Ports = ports or LoopbackPorts()
+        self._runtime_dir = runtime_dir or paths.runtime_dir  # sockets, key files and logs of the servers
         self._pid = os.getpid() if pid is None else pid
         self._pid_ctime: float | None = None
-        self._lock = threading.RLock()
+        # Guards _refs and _key_locks, held for microseconds: a lease release never waits for a load.
+        self._lock = threading.Lock()
+        # One lock per server key, held while that key's server is attached or started: two models load at once.
+        self._key_locks: dict[str, threading.Lock] = {}
         self._refs: dict[str, int] = {}
         self._swept = False
         atexit.register(self.release_all)
@@ -252,10 +286,17 @@ class ServerManager:
     # -- public -----------------------------------------------------------------------------------------------
 
     def acquire(self, spec: ServerSpec, *, shared: bool = True, keep_alive: float | None = None,
-                start_timeout: float = DEFAULT_START_TIMEOUT, progress: Progress | None = None) -> Lease:
+                start_timeout: float = DEFAULT_START_TIMEOUT, progress: Progress | None = None,
+                cancel: Cancel | None = None) -> Lease:
+        """A lease on a healthy server for ``spec``. ``cancel`` (runtime/cancel.py) stops the acquire at its next
+        checkpoint with :class:`~gguf_provider.errors.LoadCancelled`, stopping a server it was starting."""
         if keep_alive is None:
             keep_alive = default_keep_alive()
+        if cancel is not None:
+            progress = cancel.progress(progress)
+        check_cancel(cancel)
         binary = self._installer.find(spec.llama_server)
+        check_cancel(cancel)
         if not self._swept:
             self._swept = True
             self._registry.sweep(now=self._clock.time())  # orphans whose clients all died
@@ -267,21 +308,21 @@ class ServerManager:
         if shared and spec.n_ctx:
             # A running server of the same family with at least this context serves it (a second one would
             # only cost memory).
-            with self._lock:
-                for other in self._compatible(family, spec.n_ctx, key):
-                    with self._registry.key_lock(other):
-                        info = self._attach(other)
+            for other in self._compatible(family, spec.n_ctx, key):
+                with self._key_lock(other), self._registry.key_lock(other):
+                    info = self._attach(other)
                     if info is not None:
                         info.asked_ctx = spec.n_ctx
-                        self._refs[other] = self._refs.get(other, 0) + 1
+                        self._count(other)
                         return Lease(self, info)
-        with self._lock, self._registry.key_lock(key):
+        with self._key_lock(key), self._registry.key_lock(key):
             info = self._attach(key) if shared else None
+            started = info is None
             if info is None:
                 info = self._start(key, spec, binary, shared=shared, keep_alive=keep_alive,
-                                   start_timeout=start_timeout, progress=progress, family=family)
-            self._refs[key] = self._refs.get(key, 0) + 1
-        return Lease(self, info)
+                                   start_timeout=start_timeout, progress=progress, family=family, cancel=cancel)
+            self._count(key)
+        return Lease(self, info, started=started)
 
     def release_all(self) -> None:
         with self._lock:
@@ -291,6 +332,14 @@ class ServerManager:
             self._drop_lease(key)
 
     # -- internals --------------------------------------------------------------------------------------------
+
+    def _key_lock(self, key: str) -> threading.Lock:
+        with self._lock:
+            return self._key_locks.setdefault(key, threading.Lock())
+
+    def _count(self, key: str) -> None:
+        with self._lock:
+            self._refs[key] = self._refs.get(key, 0) + 1
 
     def _my_lease(self) -> tuple[str, float]:
         if self._pid_ctime is None:
@@ -352,7 +401,8 @@ class ServerManager:
             return True
 
     def _start(self, key: str, spec: ServerSpec, binary: Path, *, shared: bool, keep_alive: float,
-               start_timeout: float, progress: Progress | None, family: str = "") -> ServerInfo:
+               start_timeout: float, progress: Progress | None, family: str = "",
+               cancel: Cancel | None = None) -> ServerInfo:
         caps = self._installer.capabilities(binary)
         # A file that is not GGUF or is cut short fails here, typed and before anything is spawned.
         header = gguf.read_header(spec.model)
@@ -373,6 +423,7 @@ class ServerManager:
         # What the binary can place layers on now (GPU-like devices, RPC workers' devices, host RAM).
         devices = seen = self._budget.devices(binary, spec.rpc_servers)
         for attempt in (1, 2):
+            check_cancel(cancel)
             # One admission at a time across processes: evictions, the context and the registration are decided
             # together, so racing processes never both count the same free memory.
             try:
@@ -407,13 +458,13 @@ class ServerManager:
                recurrent: bool = False) -> ServerInfo:
         reg = self._registry
         n_ctx = placed.n_ctx if placed is not None else admitted.n_ctx
-        run = paths.runtime_dir()
+        run = self._runtime_dir()
         tag = f"{key[:16]}-{secrets.token_hex(3)}"
         alias = f"gguf-provider-{key[:16]}"
         log_path = run / f"{tag}.log"
         api_key_file: Path | None = None
         if spec.port is not None or os.name == "nt":
-            port = spec.port if spec.port and process.port_is_free(spec.port) else process.free_port()
+            port = spec.port if spec.port and self._ports.is_free(spec.port) else self._ports.free()
             api_key = secrets.token_urlsafe(32)
             api_key_file = run / f"{tag}.key"
             fd = os.open(api_key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -436,7 +487,7 @@ class ServerManager:
         logger.info("starting llama-server for %s (n_ctx %d, %s, %s); its log: %s", spec.model.name, n_ctx,
                     "shared" if shared else "private", address.describe(), log_path)
         logger.debug("llama-server command line: %s", " ".join(argv))  # a key file's path, never a key
-        started = time.monotonic()
+        started = self._clock.monotonic()
         me, my_ctime = self._my_lease()
         # Spawned under the registry lock and registered at once: a client killed in between would leave a shared
         # server that no entry names (no sweep or `stop` could prove it ours); this keeps that gap to milliseconds.
@@ -478,7 +529,7 @@ class ServerManager:
             raise
         n_eff = props_n_ctx(props) or n_ctx
         logger.info("llama-server pid %d for %s is ready after %.1f s (n_ctx %d, %s); its log: %s", proc.pid,
-                    spec.model.name, time.monotonic() - started, n_eff, address.describe(), log_path)
+                    spec.model.name, self._clock.monotonic() - started, n_eff, address.describe(), log_path)
         if spec.speculative != speculative_mod.OFF and not speculative_mod.unsupported(spec.speculative, caps) \
                 and self._health.speculating(address) is False:
             speculative_mod.warn_once(
@@ -510,16 +561,16 @@ class ServerManager:
         n = threads_mod.share(self._cores(), others)
         return n, n
 
-    def _release(self, key: str) -> None:
+    def _release(self, key: str, *, stop_unused: bool = False) -> None:
         with self._lock:
             n = self._refs.get(key, 0) - 1
             if n > 0:
                 self._refs[key] = n
                 return
             self._refs.pop(key, None)
-        self._drop_lease(key)
+        self._drop_lease(key, stop_unused=stop_unused)
 
-    def _drop_lease(self, key: str) -> None:
+    def _drop_lease(self, key: str, *, stop_unused: bool = False) -> None:
         me = str(self._pid)
         with self._registry.locked() as data:
             entry = data.get(key)
@@ -528,12 +579,12 @@ class ServerManager:
             now = self._clock.time()
             leases = {pid: ct for pid, ct in entry.leases.items() if pid != me}
             entry = replace(entry, leases=leases, last_used=now, idle_since=None if leases else now)
-            if leases or entry.keep_alive != 0:
+            if leases or (entry.keep_alive != 0 and not stop_unused):
                 data[key] = entry
                 return
             del data[key]
-        logger.info("the last lease of server pid %d (%s) ended and its keep_alive is 0: stopping it",
-                    entry.pid, Path(entry.model).name)
+        logger.info("the last lease of server pid %d (%s) ended and %s: stopping it", entry.pid,
+                    Path(entry.model).name, "its load was cancelled" if stop_unused else "its keep_alive is 0")
         self._registry.stop_entry(entry)
 
 

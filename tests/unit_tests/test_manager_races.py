@@ -20,10 +20,11 @@ import filelock
 import httpx
 import pytest
 
-from gguf_provider.errors import ServerConnectionError, ServerStartError
+from gguf_provider.errors import LoadCancelled, ServerConnectionError, ServerStartError
 from gguf_provider.runtime import budget as budget_mod
 from gguf_provider.runtime import discovery, fit, registry, watchdog
 from gguf_provider.runtime import manager as mgr
+from gguf_provider.runtime.cancel import Cancel
 from gguf_provider.runtime.devices import Device
 from gguf_provider.runtime.gguf import GGUFHeader
 from gguf_provider.runtime.process import Address
@@ -125,7 +126,8 @@ class FakeLauncher:
     def spawn(self, argv: list[str], log_path: Path, *, private: bool) -> mgr.Proc:
         pid = self.procs.start(argv)
         arg = dict(zip(argv, argv[1:], strict=False))
-        self.servers[f"unix:{arg['--host']}"] = FakeServer(pid, arg["--alias"], arg["-m"], int(arg["-c"]))
+        where = f"http://{arg['--host']}:{arg['--port']}" if "--port" in arg else f"unix:{arg['--host']}"
+        self.servers[where] = FakeServer(pid, arg["--alias"], arg["-m"], int(arg["-c"]))
         self.spawned.append(pid)
         self.argvs.append(list(argv))
         return FakeProc(self.procs, pid)
@@ -149,6 +151,8 @@ class FakeHealth:
         server = self.servers[address.describe()]
         if self.while_loading:
             self.while_loading.pop(0)()
+        if progress is not None:
+            progress("loading", 0, 0)  # as the real wait reports at each poll: a cancelled load stops here
         if not self.procs.alive(server.pid):
             raise ServerStartError("llama-server exited with code 1 while starting", "load failed", log_path)
         server.healthy = True
@@ -683,3 +687,137 @@ def test_get_manager_is_one_instance_with_the_real_collaborators(monkeypatch: py
     assert isinstance(m._clock, mgr.SystemClock) and isinstance(m._budget, mgr.MemoryBudget)
     assert isinstance(m._installer, mgr.BinaryInstaller) and m._registry is registry.default()
     assert isinstance(m._registry.processes, registry.OSProcesses)
+
+
+# --- one process, several models at once; cancelled loads ------------------------------------------------------------
+
+
+def _in_thread(call: Callable[[], object]) -> threading.Thread:
+    thread = threading.Thread(target=call)
+    thread.start()
+    return thread
+
+
+def test_two_models_load_at_once_in_one_process(world: World) -> None:
+    """While one model's server loads (its health wait), another model of the same process starts and is served:
+    the manager's lock covers one server key, not the process."""
+    a = world.client()
+    leases: dict[str, mgr.Lease] = {}
+
+    def qwen_starts_meanwhile() -> None:
+        t = _in_thread(lambda: leases.setdefault("qwen", a.acquire(world.spec("qwen"), keep_alive=0)))
+        t.join(10)
+        assert not t.is_alive(), "the second model waited for the first one's load"
+
+    world.health.while_loading.append(qwen_starts_meanwhile)
+    leases["smollm2"] = a.acquire(world.spec("smollm2"), keep_alive=0)
+    assert len(world.launcher.spawned) == 2
+    assert leases["qwen"].info.pid != leases["smollm2"].info.pid
+    for lease in leases.values():
+        lease.release()
+    assert world.reg.read() == {}
+
+
+def test_a_release_never_waits_for_another_models_load(world: World) -> None:
+    a = world.client()
+    held = a.acquire(world.spec("qwen"), keep_alive=0)
+
+    def release_meanwhile() -> None:
+        t = _in_thread(held.release)
+        t.join(10)
+        assert not t.is_alive(), "the release waited for another model's load"
+        assert held.info.key not in world.reg.read() and world.procs.stopped == [held.info.pid]
+
+    world.health.while_loading.append(release_meanwhile)
+    a.acquire(world.spec("smollm2"), keep_alive=0).release()
+
+
+def test_a_cancelled_load_stops_and_unregisters_the_server_it_was_starting(world: World) -> None:
+    a, cancel = world.client(), Cancel()
+    world.health.while_loading.append(cancel.set)
+    with pytest.raises(LoadCancelled):
+        a.acquire(world.spec(), keep_alive=300, cancel=cancel)
+    assert world.reg.read() == {}
+    assert len(world.launcher.spawned) == 1 and world.procs.stopped == world.launcher.spawned
+    assert a._refs == {}
+
+
+def test_a_load_cancelled_before_it_began_spawns_nothing(world: World) -> None:
+    cancel = Cancel()
+    cancel.set()
+    with pytest.raises(LoadCancelled):
+        world.client().acquire(world.spec(), cancel=cancel)
+    assert world.launcher.spawned == [] and world.reg.read() == {}
+
+
+def test_an_abandoned_lease_stops_only_a_server_its_acquire_started(world: World) -> None:
+    a, b = world.client(), world.client()
+    started = a.acquire(world.spec(), keep_alive=300)
+    assert started.started
+    attached = b.acquire(world.spec(), keep_alive=300)
+    assert not attached.started
+    started.abandon()  # b still holds it: it runs on
+    assert world.procs.stopped == [] and set(world.entry(attached).leases) == {client_pid(b)}
+    attached.abandon()  # not started by this acquire: it lives on for its keep_alive, as after a release
+    assert world.procs.stopped == [] and world.entry(attached).leases == {}
+    mine = world.client().acquire(world.spec("qwen"), keep_alive=300)
+    mine.abandon()  # started, and no one else holds it: stopped now, not after 300 s
+    assert world.procs.stopped == [mine.info.pid] and mine.info.key not in world.reg.read()
+
+
+def test_a_collected_engine_releases_its_lease_off_the_collecting_thread(world: World,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A garbage collection runs in whatever thread allocates (an event loop's): the release it triggers, which may
+    stop a server, goes to a thread of its own."""
+    import gc
+
+    from gguf_provider.engine import Engine, EngineConfig
+
+    monkeypatch.setattr(mgr, "_manager", world.client())
+    engine = Engine(EngineConfig(model_path=str(world.models["smollm2"]), keep_alive=0, speculative=False))
+    key = engine.load().key
+    assert key in world.reg.read()
+    released_in: list[str] = []
+    release = mgr.ServerManager._release
+
+    def spy(self: mgr.ServerManager, key: str, **kwargs: Any) -> None:
+        released_in.append(threading.current_thread().name)
+        release(self, key, **kwargs)
+
+    monkeypatch.setattr(mgr.ServerManager, "_release", spy)
+    del engine
+    gc.collect()
+    for thread in threading.enumerate():
+        if thread.name == "gguf-provider-release":
+            thread.join(10)
+    assert released_in == ["gguf-provider-release"]
+    assert world.reg.read() == {} and world.procs.stopped == world.launcher.spawned
+
+
+def test_a_start_takes_its_port_and_runtime_dir_from_the_injected_collaborators(world: World, tmp_path: Path) -> None:
+    """_spawn reaches the machine only through the manager's collaborators: a taken ``port=`` gets another port
+    from ``ports``, and the socket, key file and log go to ``runtime_dir``."""
+    from dataclasses import replace
+
+    class Ports:
+        asked: list[int] = []
+
+        def is_free(self, port: int) -> bool:
+            self.asked.append(port)
+            return False
+
+        def free(self) -> int:
+            return 40123
+
+    run = tmp_path / "elsewhere"
+    run.mkdir(mode=0o700)
+    ports = Ports()
+    m = mgr.ServerManager(registry=world.reg, launcher=world.launcher, health=world.health, clock=world.clock,
+                          budget=world.budget, installer=world.installer, pid=world.procs.start(["python"]),
+                          ports=ports, runtime_dir=lambda: run)
+    lease = m.acquire(replace(world.spec(), port=8080), keep_alive=0)
+    assert ports.asked == [8080]
+    assert lease.info.address.url == "http://127.0.0.1:40123"
+    assert lease.info.log_path.parent == run and len(list(run.glob("*.key"))) == 1
+    lease.release()
+    assert world.reg.read() == {}
