@@ -2,8 +2,10 @@
 
 ``python tests/support/loop_probe.py SCENARIO '{"model": ..., ...}'`` runs one async entry point (a cold start: the
 test's home has no server) beside a ticker task that sleeps 10 ms at a time on the same loop, and prints one JSON
-line: the longest gap between two ticks beyond their 10 ms (``stall``, seconds), the call's time, its error type,
-and what the scenario checked. A fresh interpreter, as a user's program is: the first call's imports count too
+line: the longest gap between two ticks beyond their 10 ms (``stall``, seconds; ``blocked``: less the garbage
+collections in it), the call's time, its error type, and what the scenario checked. The ``control`` scenario makes
+the same cold start and call with the sync API in a worker thread: what this machine's load and the GIL alone do
+to a loop that nothing blocks. A fresh interpreter, as a user's program is: the first call's imports count too
 (what was imported before the loop ran, the adapters and their frameworks, does not).
 """
 
@@ -65,7 +67,7 @@ class Ticker:
         self.ticks = 0
         self.last = time.monotonic()
         self.stacks: list[str] = []
-        self.stalls: list[tuple[float, float]] = []  # each lateness over LATE, and when it ended
+        self.stalls: list[tuple[float, float, list[tuple[float, float]]]] = []  # each lateness over LATE, and when it ended
         self.started = time.monotonic()
         self._thread = threading.get_ident()
         self._stop = threading.Event()
@@ -120,11 +122,11 @@ class Callbacks:
             run(handle)
             took = time.perf_counter() - t0
             if took > me.longest:
-                owner = getattr(handle._callback, "__self__", None)  # a task's step: name its coroutine
+                owner = getattr(getattr(handle, "_callback", None), "__self__", None)  # a task's step: name its coroutine
                 coro = owner.get_coro() if isinstance(owner, asyncio.Task) else None
                 me.longest, me.where = took, getattr(coro, "__qualname__", None) or repr(handle)[:300]
 
-        asyncio.events.Handle._run = timed  # type: ignore[method-assign]
+        asyncio.events.Handle._run = timed  # type: ignore[method-assign,assignment]
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -189,7 +191,7 @@ async def scenario(name: str, cfg: dict[str, Any]) -> dict[str, Any]:
             if name == "li_achat":
                 return str((await li.achat(msgs)).message.content)
             if name == "li_acomplete":
-                return (await li.acomplete("Say hi.")).text
+                return str((await li.acomplete("Say hi.")).text)
             return "".join([r.delta or "" async for r in await li.astream_chat(msgs)])
 
         return await measure(li_call)
@@ -221,22 +223,27 @@ async def scenario(name: str, cfg: dict[str, Any]) -> dict[str, Any]:
         return await measure(lambda: _len(pp.apostprocess_nodes(nodes, QueryBundle("What do pandas eat?"))))
     if name == "cancel":
         return await cancelled_start(cfg)
+    if name == "control":
+        return await measure(lambda: asyncio.to_thread(sync_call, cfg))
     raise SystemExit(f"unknown scenario {name}")
 
 
-def busy(seconds: float) -> int:
-    """Pure Python work for ``seconds``: what a worker thread holding the GIL in its 5 ms turns does to a loop."""
-    end, n = time.monotonic() + seconds, 0
-    while time.monotonic() < end:
-        n += sum(i * i for i in range(200))
-    return n
+def sync_call(cfg: dict[str, Any]) -> Any:
+    """The same cold start and call, made with the sync API in a worker thread: a loop waiting on it is blocked by
+    nothing but the machine and the GIL (the control of a scenario)."""
+    from gguf_provider.engine import Engine, EngineConfig
 
-
-async def control(seconds: float = 2.0) -> float:
-    """The loop's worst stall beside a busy worker thread that never blocks it: this machine's noise (the GIL's
-    turns, the OS scheduling the threads among other busy processes), measured before each scenario."""
-    out = await measure(lambda: asyncio.to_thread(busy, seconds))
-    return float(out["blocked"])
+    kind = cfg.get("kind", "chat")
+    engine = Engine(EngineConfig(model=cfg["model"], keep_alive=0, embedding=kind == "embedding",
+                                 rerank=kind == "rerank", **cfg.get("options", {})))
+    try:
+        if kind == "embedding":
+            return len(engine.embed(["hello"])[0])
+        if kind == "rerank":
+            return len(engine.rerank("What do pandas eat?", ["Pandas eat bamboo.", "Cats purr."], top_n=1))
+        return engine.chat({"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}).content
+    finally:
+        engine.unload()
 
 
 async def cancelled_start(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -281,13 +288,7 @@ def main() -> None:
     import gguf_provider.langchain.chat_models
     import gguf_provider.llama_index.llms  # noqa: F401
 
-    async def both() -> dict[str, Any]:
-        before = await control()
-        out = await scenario(name, cfg)
-        out["control"] = max(before, await control())
-        return out
-
-    out = asyncio.run(both())
+    out = asyncio.run(scenario(name, cfg))
     print(json.dumps(out, default=str), flush=True)
 
 
