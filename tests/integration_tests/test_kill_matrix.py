@@ -83,7 +83,7 @@ def test_a_script_holding_a_model_leaves_no_server_behind(rt: RuntimeEnv, sig: s
     assert "error" not in r, r
     server = psutil.Process(r["server_pid"])
     os.kill(child.proc.pid, sig)
-    child.proc.wait(GONE_WITHIN)
+    child.wait(GONE_WITHIN)
     wait_until(lambda: _gone(server), GONE_WITHIN)
     wait_until(lambda: not rt.watchdogs(), GONE_WITHIN)
     if not shared and sig not in (signal.SIGINT,):  # nobody was left to remove a private server's entry
@@ -283,7 +283,7 @@ def test_a_script_killed_while_its_server_loads_leaves_no_server_behind(rt: Runt
         assert child.proc.poll() is None and child._lines.empty(), "the script was no longer waiting for the load"
         os.kill(child.proc.pid, sig)
         server.resume()
-        child.proc.wait(GONE_WITHIN)
+        child.wait(GONE_WITHIN)
         wait_until(lambda: _gone(server), GONE_WITHIN)
         wait_until(lambda: not rt.watchdogs(), GONE_WITHIN)
         if shared or sig == signal.SIGINT:
@@ -311,7 +311,7 @@ def test_a_script_killed_mid_request_stops_its_generation(rt: RuntimeEnv, sig: s
         assert holder.read_json()["server_pid"] == server.pid
         assert any(s.get("is_processing") for s in _slots(rt, r["key"]))
     os.kill(streamer.proc.pid, sig)
-    streamer.proc.wait(GONE_WITHIN)
+    streamer.wait(GONE_WITHIN)
     if holder is None:
         wait_until(lambda: _gone(server), GONE_WITHIN)
         return

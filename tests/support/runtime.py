@@ -74,6 +74,19 @@ class Child:
                 pass
         return self.proc.wait(timeout)
 
+    def wait(self, timeout: float) -> int:
+        """Reap the child within ``timeout`` s; fails the test otherwise, with the stacks of all its threads
+        (faulthandler, registered on SIGUSR1 by runtime_child.py) and its stderr."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        self.proc.send_signal(signal.SIGUSR1)
+        time.sleep(1.0)  # faulthandler writes at once; the read below ends at the kill
+        self.proc.kill()
+        err = self.proc.stderr.read() if self.proc.stderr else ""
+        pytest.fail(f"child {self.proc.pid} did not exit within {timeout} s; its stacks and stderr:\n{err[-8000:]}")
+
     def kill9(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(10)  # reaped: the pid is gone, as after a real crash of an unrelated process

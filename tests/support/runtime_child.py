@@ -12,8 +12,10 @@ Prints ``{"client_pid", "server_pid", "key", "alias", "address", "answer"}`` (or
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from gguf_provider.events import TextDelta
 
 
 def main(argv: list[str]) -> int:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # Child.wait's report of where a slow exit is stuck
     cfg = json.loads(argv[0])
     if cfg.get("wait_go"):
         print(json.dumps({"ready": os.getpid()}), flush=True)
