@@ -36,10 +36,12 @@ from .events import Collector, Completion, Event
 from .lazy import LazyModule
 from .loops import LoopGuard
 from .runtime import diagnose, prompt_cache, server_options
+from .runtime._spec_fields import ResolvedOptions, SpecOptions
 from .runtime.cancel import Cancel
 from .runtime.cancel import check as check_cancel
 from .runtime.diagnose import rpc_lost as rpc_lost  # importable from here as before
 from .runtime.health import DEFAULT_START_TIMEOUT
+from .runtime.model_source import ModelSource
 from .runtime.progress import Progress
 from .runtime.server_options import validate_cache_type as validate_cache_type  # its home before
 
@@ -74,45 +76,20 @@ def _log_retry(exc: Exception, attempt: int, max_retries: int) -> None:
                 type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
 
 
-@dataclass(frozen=True)
-class EngineConfig:
-    model: str | None = None
-    repo: str | None = None
-    quant: str | None = None
-    filename: str | None = None
-    revision: str | None = None
-    hf_token: str | None = None
-    model_path: str | None = None
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig(ModelSource, ResolvedOptions, SpecOptions):
+    """What an engine is made from: the model options (``ModelSource``: runtime/models/spec.py), the llama-server
+    options (``ResolvedOptions``, ``SpecOptions``: written from server_options.OPTIONS into
+    runtime/_spec_fields.py by scripts/gen_options.py) and the engine's own, below."""
+
     base_url: str | None = None
     api_key: str | None = None
-    n_ctx: int | None = None
-    n_gpu_layers: int | None = None
-    n_parallel: int | None = None
-    chat_template: str | None = None
-    chat_template_file: str | None = None
-    reasoning_format: str | None = None
-    server_args: tuple[str, ...] = ()
-    rpc_servers: tuple[str, ...] = ()
-    embedding: bool = False
-    pooling: str | None = None
-    rerank: bool = False  # a reranker's server (`--rerank`): the model is checked to be one before the start
-    vision: bool = False
-    mmproj: str | None = None  # a projector file; implies vision
-    port: int | None = None
-    llama_server: str | None = None
     keep_alive: float | None = None  # None: $GGUF_PROVIDER_KEEP_ALIVE or 300 s
     shared: bool = True
     timeout: float = DEFAULT_TIMEOUT
     start_timeout: float = DEFAULT_START_TIMEOUT
-    offline: bool | None = None
     max_retries: int = 2  # retries of a call whose server crashed or could not be reached
     progress: Progress | None = field(default=None, compare=False, hash=False)
-    # "auto" (the build's n-gram self-speculation), "off"/False, an n-gram type, or a draft model spec; chat only
-    speculative: bool | str = "auto"
-    kv_cache_type: str = "f16"  # K and V cache type: f16, q8_0, q4_0, ... (what the build lists)
-    prompt_cache: bool = True  # long prompts' KV saved at a stop, restored by the next server (runtime/prompt_cache)
-    cache_reuse: int = 64  # --cache-reuse chunk size (server_options.DEFAULT_CACHE_REUSE); 0: off
-    threads: int | None = None  # -t/-tb; None: the cores split among our CPU servers (runtime/threads.py)
     # Hosts, addresses or networks whose non-public image URLs may be fetched, "*", "file:" (media.FetchPolicy);
     # None: $GGUF_PROVIDER_MEDIA_ALLOW_HOSTS, read at each request
     media_allow_hosts: tuple[str, ...] | None = None
@@ -134,11 +111,8 @@ def resolve_spec(cfg: EngineConfig, *, progress: Progress | None = None) -> serv
     from .runtime.models import ModelRef, resolve
 
     mode = speculative.OFF if cfg.embedding or cfg.rerank else speculative.normalize(cfg.speculative)
-    found = resolve(ModelRef(
-        cfg.model, repo=cfg.repo, quant=cfg.quant, filename=cfg.filename, revision=cfg.revision, token=cfg.hf_token,
-        model_path=cfg.model_path, vision=cfg.vision, mmproj=cfg.mmproj, offline=cfg.offline,
-        progress=progress if progress is not None else cfg.progress,
-        draft=mode if speculative.is_draft(mode) else None))
+    found = resolve(ModelRef.of(cfg, progress=progress if progress is not None else cfg.progress,
+                                draft=mode if speculative.is_draft(mode) else None))
     resolved = found.model
     draft: Path | None = None
     draft_shards: tuple[Path, ...] = ()
@@ -287,7 +261,7 @@ class Engine:
     @property
     def model_name(self) -> str:
         cfg = self.config
-        name = cfg.model or cfg.repo or cfg.model_path or self.info.model
+        name = os.fspath(cfg.model or cfg.repo or cfg.model_path or self.info.model)
         return Path(name).name if name and (cfg.model_path or name.endswith(".gguf")) else str(name)
 
     def capabilities(self) -> dict[str, Any]:

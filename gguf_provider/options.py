@@ -14,8 +14,8 @@ these descriptions (``scripts/gen_reference.py``).
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
+import functools
 import warnings
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -34,7 +34,7 @@ from pydantic.fields import FieldInfo
 from typing_extensions import Self
 
 from . import chat
-from ._server_fields import _ChatServerFields, _EmbeddingServerFields, _ServerFields
+from ._server_fields import _ChatServerFields, _EmbeddingServerFields, _ModelFields, _ServerFields
 from .engine import (
     API_KEY_ENV,
     DEFAULT_TIMEOUT,
@@ -91,43 +91,11 @@ class _Options(BaseModel):
         return dict(getattr(self, self._extras_field)) if self._extras_field else {}
 
 
-class ModelOptions(_Options):
+# The model options are declared in runtime/models/spec.py (ModelSource) and written into _ModelFields by
+# scripts/gen_options.py; the group adds how to attach to a running server instead.
+class ModelOptions(_ModelFields, _Options):
     """Which model, and where it comes from."""
 
-    model: str | None = Field(default=None, description=(
-        "The model: a `.gguf` path, a name in the models dir (file stem, case-insensitive) or `org/repo[:QUANT]` "
-        "on Hugging Face."))
-    """The model: a `.gguf` path, a name in the models dir (file stem, case-insensitive) or `org/repo[:QUANT]`
-    on Hugging Face."""
-    repo: str | None = Field(default=None, description="A Hugging Face repo id (`org/name`), instead of `model`.")
-    """A Hugging Face repo id (`org/name`), instead of `model`."""
-    quant: str | None = Field(default=None, description=(
-        "The quantization to pick from a repo (e.g. `Q4_K_M`); default: the best one the repo has, in our "
-        "preference order."))
-    """The quantization to pick from a repo (e.g. `Q4_K_M`); default: the best one the repo has, in our
-    preference order."""
-    filename: str | None = Field(default=None, description="The exact `.gguf` file to pick from the repo.")
-    """The exact `.gguf` file to pick from the repo."""
-    revision: str | None = Field(default=None, description="A Hub branch, tag or commit to pin (default `main`).")
-    """A Hub branch, tag or commit to pin (default `main`)."""
-    # An alias is a `validation_alias` and the same `serialization_alias` (what `alias=` sets), not an `alias=`:
-    # type checkers take that for a field's only keyword, its name an error to them. To them the alias is an InitVar:
-    # a keyword of the constructor, no attribute (pydantic's mypy plugin types it literally: with its `init_typed`,
-    # the alias is an error).
-    hf_token: SecretStr | None = Field(default=None, validation_alias="token", serialization_alias="token",
-                                       description=(
-        "Hugging Face token for private or gated repos (also accepted as `token`; default: huggingface_hub's own, "
-        "e.g. `$HF_TOKEN`)."))
-    """Hugging Face token for private or gated repos (also accepted as `token`; default: huggingface_hub's
-    own, e.g. `$HF_TOKEN`)."""
-    if TYPE_CHECKING:
-        token: InitVar[SecretStr | None] = None
-        """`hf_token`'s other name."""
-    model_path: str | None = Field(default=None, description="A local `.gguf` file, used as it is (no lookup).")
-    """A local `.gguf` file, used as it is (no lookup)."""
-    offline: bool | None = Field(default=None, description=(
-        "Resolve Hub models from the local cache only, never the network (default: `$HF_HUB_OFFLINE`)."))
-    """Resolve Hub models from the local cache only, never the network (default: `$HF_HUB_OFFLINE`)."""
     base_url: str | None = Field(default=None, description=(
         "Attach to a running llama-server (http URL or Unix socket path) instead of starting one."))
     """Attach to a running llama-server (http URL or Unix socket path) instead of starting one."""
@@ -261,21 +229,19 @@ class EngineOptions(ModelOptions, ServerOptions, ClientOptions):
     _engine: Engine | None = PrivateAttr(default=None)
 
     def engine_config(self) -> EngineConfig:
-        """The engine's config from the fields of the same names: secrets unwrapped, lists made tuples, None left
-        to the engine's defaults."""
-        declared = type(self).model_fields
+        """The engine's config: every field of the engine's groups (:func:`engine_fields`), by name (a name
+        EngineConfig lacks is a TypeError here, never a dropped option); secrets unwrapped, lists made tuples, None
+        left to the engine's defaults."""
         values: dict[str, Any] = {"embedding": self._embedding, "rerank": self._rerank}
-        for f in dataclasses.fields(EngineConfig):
-            if f.name not in declared:
-                continue
-            value = getattr(self, f.name)
+        for name in engine_fields(type(self)):
+            value = getattr(self, name)
             if value is None:
                 continue
             if isinstance(value, SecretStr):
                 value = value.get_secret_value()
             elif isinstance(value, list):
                 value = tuple(value)
-            values[f.name] = value
+            values[name] = value
         return EngineConfig(**values)
 
     @property
@@ -366,6 +332,19 @@ class RerankOptions(EngineOptions):
     async def arerank(self, query: str, documents: list[str]) -> list[RerankResult]:
         return await self.engine.arerank(query, documents, top_n=self.top_n, batch_size=self.batch_size,
                                          **self.extra_body()) if documents else []
+
+
+# The groups whose fields configure the engine (an EngineConfig field each, by name); the others are per request.
+ENGINE_GROUPS: tuple[type[BaseModel], ...] = (ModelOptions, ServerOptions, ChatServerOptions, _EmbeddingServerFields,
+                                              MediaOptions, ClientOptions)
+NOT_CONFIG = frozenset({"transport"})  # the engine's, not its config's: Engine(config, transport=)
+
+
+@functools.cache
+def engine_fields(cls: type[BaseModel]) -> tuple[str, ...]:
+    """The fields of adapter class ``cls`` that become its :class:`EngineConfig`."""
+    groups = [g for g in ENGINE_GROUPS if issubclass(cls, g)]
+    return tuple(n for n in cls.model_fields if n not in NOT_CONFIG and any(n in g.model_fields for g in groups))
 
 
 # --- unknown keyword arguments: each framework's convention, never silent ---------------------------------------

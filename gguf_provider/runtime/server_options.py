@@ -15,6 +15,7 @@ validation of :class:`~gguf_provider.engine.EngineConfig` and of the adapters' p
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import enum
 import hashlib
@@ -29,6 +30,7 @@ from . import fit as fit_mod
 from . import rpc as rpc_mod
 from . import speculative as speculative_mod
 from . import threads as threads_mod
+from ._spec_fields import SpecOptions
 from .gguf import read_tensors
 
 if TYPE_CHECKING:
@@ -427,10 +429,10 @@ ARGS: tuple[ServerOption, ...] = tuple(o for o in OPTIONS if o.identity == "args
 IN_ARGV_ORDER: tuple[ServerOption, ...] = tuple(sorted(OPTIONS, key=lambda o: o.place))  # stable: table order
 
 
-def spec_values(config: object) -> dict[str, Any]:
+def spec_values(config: SpecOptions) -> dict[str, Any]:
     """The options a :class:`ServerSpec` takes from ``config`` (an EngineConfig) as they are; the ``resolved``
     ones (projector, speculation) are the engine's to resolve."""
-    return {o.name: getattr(config, o.name) for o in OPTIONS if not o.resolved}
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(SpecOptions)}
 
 
 def summary(spec: ServerSpec) -> dict[str, Any]:
@@ -456,35 +458,19 @@ def _json(value: Any) -> Any:
 
 
 @dataclass(frozen=True)
-class ServerSpec:
+class ServerSpec(SpecOptions):
     """Everything that makes two servers interchangeable: the model's files and the declared options (a field
-    per :data:`OPTIONS` entry, as the engine resolved it; a unit test checks they agree)."""
+    per :data:`OPTIONS` entry, as the engine resolved it: the entries that are not ``resolved`` are
+    :class:`SpecOptions`' fields, written from the table)."""
 
     model: Path
     shards: tuple[Path, ...] = ()
     mmproj: Path | None = None
-    n_ctx: int | None = None
-    n_gpu_layers: int | None = None
-    n_parallel: int | None = None
-    embedding: bool = False
-    pooling: str | None = None
-    chat_template: str | None = None
-    chat_template_file: str | None = None
-    reasoning_format: str | None = None
-    rpc_servers: tuple[str, ...] = ()
-    server_args: tuple[str, ...] = ()
-    port: int | None = None
-    llama_server: str | None = None
     # Speculative decoding (runtime/speculative.py): "off", "auto", an n-gram type, or "draft" with draft_model.
     # "off" here, unlike the adapters' "auto": a bare spec (bench's raw server) speculates only when asked.
     speculative: str = speculative_mod.OFF
     draft_model: Path | None = None
     draft_shards: tuple[Path, ...] = ()
-    kv_cache_type: str = fit_mod.DEFAULT_CACHE_TYPE
-    rerank: bool = False
-    prompt_cache: bool = True
-    cache_reuse: int = DEFAULT_CACHE_REUSE
-    threads: int | None = None
 
     def identity(self, binary: Path) -> dict[str, Any]:
         return {

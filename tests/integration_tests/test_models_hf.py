@@ -189,7 +189,7 @@ def test_missing_repo_and_token(hub: HFEndpoint) -> None:
     assert "token" in str(err.value)
     with pytest.raises(ModelNotFoundError, match="token"):
         resolve_model(PRIVATE)
-    assert resolve_model(PRIVATE, token=TOKEN).path.name == "private-Q4_K_M.gguf"
+    assert resolve_model(PRIVATE, hf_token=TOKEN).path.name == "private-Q4_K_M.gguf"
 
 
 def test_unreachable_hub_falls_back_to_cache(hub: HFEndpoint, monkeypatch: pytest.MonkeyPatch) -> None:

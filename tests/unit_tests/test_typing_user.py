@@ -2,7 +2,7 @@
 
 The llama-server options are declared once, in ``runtime/server_options.OPTIONS``; ``scripts/gen_options.py``
 writes them out as the fields of ``gguf_provider/_server_fields.py`` (a type checker does not run
-``pydantic.create_model``). Checked here: the written module is what the script writes now, every adapter's fields
+``pydantic.create_model``). Checked here (test_declared_once.py: the written modules are what the script writes now): every adapter's fields
 agree with the table and with the option groups, and a user file that sets every documented option of every adapter
 (the list is docs/reference.md's, derived from the declarations: a new option is covered by itself) is clean under
 pyright (basedpyright, standard mode) and mypy (no configuration: pydantic's ``dataclass_transform``), while a
@@ -29,18 +29,13 @@ from pydantic import BaseModel, SecretStr
 from gguf_provider import ChatGGUF, GGUFEmbeddings, GGUFRerank, options
 from gguf_provider.llama_index import GGUF, GGUFEmbedding, GGUFRerankPostprocessor
 from gguf_provider.runtime import server_options
-from scripts import gen_options, gen_reference
+from scripts import gen_reference
 
 ROOT = Path(__file__).resolve().parents[2]
 ADAPTERS: list[type[BaseModel]] = [ChatGGUF, GGUF, GGUFEmbeddings, GGUFEmbedding, GGUFRerank, GGUFRerankPostprocessor]
 # A value of an option's type that its check (`normalize`) also takes, where the type's first value is not one.
 VALUES = {"kv_cache_type": '"q8_0"', "rpc_servers": '["127.0.0.1:50052"]'}
 TYPO = "n_ctxx"
-
-
-def test_the_server_fields_module_is_what_gen_options_writes() -> None:
-    assert gen_options.TARGET.read_text() == gen_options.render(), \
-        "gguf_provider/_server_fields.py is out of date: run python scripts/gen_options.py"
 
 
 def _server_groups(cls: type[BaseModel]) -> set[server_options.Group]:

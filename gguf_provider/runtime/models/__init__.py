@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 
+from ..model_source import ModelSource
 from .files import DEFAULT_QUANT_PREFERENCE, parse_quant, quant_matches
 from .files import MMPROJ_QUANT_PREFERENCE as MMPROJ_QUANT_PREFERENCE
 from .files import _group as _group  # tests call these two directly
@@ -31,6 +32,7 @@ __all__ = [
     "DEFAULT_QUANT_PREFERENCE",
     "LocalModel",
     "ModelRef",
+    "ModelSource",
     "Resolution",
     "ResolvedModel",
     "list_local_models",

@@ -231,7 +231,7 @@ def resolve_hf(spec: Spec, ref: ModelRef, *, force_download: bool = False,
                allow_cache_fallback: bool = True) -> ResolvedModel:
     """Resolve a parsed spec of kind "hf" with ``ref``'s Hub settings: from the cache when offline (or, with
     ``allow_cache_fallback``, when the Hub cannot be reached), else asking the Hub and downloading what is missing."""
-    repo, quant, filename, revision, token = spec.value, spec.quant, ref.filename, ref.revision, ref.token
+    repo, quant, filename, revision, token = spec.value, spec.quant, ref.filename, ref.revision, ref.hf_token
     vision, progress = ref.finds_mmproj, ref.progress
     cache = _hf_cache(ref.cache_dir)
     if is_offline(ref.offline):

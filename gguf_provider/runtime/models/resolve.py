@@ -45,7 +45,7 @@ def _resolve_draft(ref: ModelRef) -> ResolvedModel | None:
     ``ref``'s Hub settings."""
     if not ref.draft:
         return None
-    draft = ModelRef(ref.draft, token=ref.token, offline=ref.offline, cache_dir=ref.cache_dir, progress=ref.progress)
+    draft = ModelRef(ref.draft, hf_token=ref.hf_token, offline=ref.offline, cache_dir=ref.cache_dir, progress=ref.progress)
     try:
         return resolve(draft).model
     except ModelNotFoundError as exc:

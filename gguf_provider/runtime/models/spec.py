@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from ...errors import ModelNotFoundError
+from ..model_source import ModelSource
 from ..progress import Progress
 from .files import _is_gguf
 
@@ -21,7 +23,7 @@ _HUB_PREFIXES = ("hf://", "https://huggingface.co/", "huggingface.co/", "hf.co/"
 
 
 @dataclass(frozen=True)
-class ModelRef:
+class ModelRef(ModelSource):
     """Which model to load and how to get it: everything model resolution reads, and nothing else.
 
     ``model`` is a ``.gguf`` path, a models-dir name (``name`` or ``name:QUANT``) or a Hugging Face repo
@@ -29,19 +31,14 @@ class ModelRef:
     of both (and of ``quant``/``filename``/``revision``).
     """
 
-    model: str | os.PathLike[str] | None = None
-    repo: str | None = None
-    quant: str | None = None  # a whole token of the file name, case-insensitive (Hub and models-dir names)
-    filename: str | None = None  # one repo file, exactly (Hub)
-    revision: str | None = None  # a branch, tag or commit (Hub)
-    token: str | bool | None = None  # Hugging Face token (Hub; also used for the draft)
-    model_path: str | None = None
-    vision: bool = False  # also find the mmproj projector beside the model or in its repo
-    mmproj: str | None = None  # this projector file instead (implies vision)
-    offline: bool | None = None  # the Hugging Face cache only; None: HF_HUB_OFFLINE
     cache_dir: str | os.PathLike[str] | None = None  # None: the standard Hugging Face cache
     draft: str | None = None  # a draft model (speculative=), resolved like ``model`` with the same Hub settings
     progress: Progress | None = field(default=None, compare=False, hash=False)  # "download" reports
+
+    @classmethod
+    def of(cls, config: ModelSource, **more: Any) -> ModelRef:
+        """The model options of ``config`` (an EngineConfig), and ``more`` (``draft``, ``progress``, ...)."""
+        return cls(**{f.name: getattr(config, f.name) for f in fields(ModelSource)}, **more)
 
     @property
     def finds_mmproj(self) -> bool:
