@@ -43,7 +43,7 @@ test: $(VENV)/.stamp-test
 
 # The integration and reliability tests beside a busy loop on every core (scripts/cpu_hog.py): the check to run
 # before changing a time bound in tests/ (not part of `make test`). 34 min on the 2-core dev machine (the suite
-# alone: 25): with the short OpenMP spin of runtime/threads.py, generation beside the loops is ~3x slower, not ~15x.
+# alone: 25): with the short OpenMP spin of runtime/_common/threads.py, generation beside the loops is ~3x slower, not ~15x.
 test-loaded: setup-test
 	GGUF_PROVIDER_TESTS_STRICT=1 $(VPY) scripts/cpu_hog.py -- \
 	    $(VENV)/bin/pytest tests/integration_tests tests/reliability --durations=20

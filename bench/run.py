@@ -54,7 +54,8 @@ from bench.scenarios.startup import bench_attach, bench_cold, bench_import
 from bench.scenarios.stream import bench_replay, bench_stream
 from bench.scenarios.threads import bench_threads
 from gguf_provider.engine import Engine, EngineConfig
-from gguf_provider.runtime import discovery, server_options
+from gguf_provider.runtime._install import discovery
+from gguf_provider.runtime._serve import server_options
 
 
 def shared_server_benches(cfg: Config, at: Callable[[str], Config], small: Path, res: dict[str, Any]) -> None:

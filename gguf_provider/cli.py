@@ -26,7 +26,7 @@ def _bar(total: int, desc: str) -> Any:
 
 
 def cmd_server_install(args: argparse.Namespace) -> int:
-    from .runtime import backend, install, installed
+    from .runtime._install import backend, install, installed
 
     bar: Any = None
 
@@ -62,8 +62,8 @@ def cmd_server_install(args: argparse.Namespace) -> int:
 
 
 def cmd_server_info(args: argparse.Namespace) -> int:
-    from .runtime import backend, discovery, install
-    from .runtime.rpc import NAMES as rpc_names
+    from .runtime._install import backend, discovery, install
+    from .runtime._memory.rpc import NAMES as rpc_names
 
     found = discovery.locate()
     if found is None:
@@ -97,8 +97,8 @@ def cmd_server_info(args: argparse.Namespace) -> int:
 
 
 def cmd_server_path(args: argparse.Namespace) -> int:
-    from .runtime import backend
-    from .runtime.discovery import find_llama_server
+    from .runtime._install import backend
+    from .runtime._install.discovery import find_llama_server
 
     path = find_llama_server()
     print(path)  # stdout is the bare path (scripts read it); `server install` installs
@@ -107,7 +107,7 @@ def cmd_server_path(args: argparse.Namespace) -> int:
 
 
 def cmd_server_version(args: argparse.Namespace) -> int:
-    from .runtime.discovery import find_llama_server, probe
+    from .runtime._install.discovery import find_llama_server, probe
 
     caps = probe(find_llama_server())
     if args.json:
@@ -143,7 +143,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
-    from .runtime import devices, discovery, rpc
+    from .runtime._install import discovery
+    from .runtime._memory import devices, rpc
 
     try:
         workers = rpc.normalize(args.rpc)
@@ -173,8 +174,10 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .runtime import devices, discovery, gguf, plan, rpc
-    from .runtime.models import resolve_model
+    from .runtime._common import gguf
+    from .runtime._install import discovery
+    from .runtime._memory import devices, plan, rpc
+    from .runtime._models import resolve_model
 
     try:
         named = devices.number_devices([devices.parse_device_arg(d) for d in args.device])
@@ -208,7 +211,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from .runtime import registry
+    from .runtime._serve import registry
 
     stopped = []
     with registry.locked() as data:
@@ -229,7 +232,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from .runtime.models import ModelRef, pull
+    from .runtime._models import ModelRef, pull
 
     resolved = pull(ModelRef(args.spec, quant=args.quant, vision=args.vision))
     print(resolved.path)
@@ -278,8 +281,9 @@ RPC_WARNING = ("the RPC protocol has no authentication and no encryption: anyone
 
 
 def cmd_rpc_worker(args: argparse.Namespace) -> int:
-    from .runtime import install, rpc
-    from .runtime.process import dies_with_parent, stop_child
+    from .runtime._common.process import dies_with_parent, stop_child
+    from .runtime._install import install
+    from .runtime._memory import rpc
 
     if not rpc.is_loopback(args.host) and not args.unauthenticated_ok:
         print(f"gguf-provider: error: --host {args.host} is not loopback and "
@@ -348,7 +352,7 @@ def _echo(proc: subprocess.Popen[str]) -> None:
 def _greet(proc: subprocess.Popen[str], endpoint: str, timeout: float = 30.0) -> Any:
     """The worker's own answer (memory it offers) once it listens; None if it exited first."""
     from .errors import RPCWorkerUnreachableError
-    from .runtime import rpc
+    from .runtime._memory import rpc
 
     deadline = time.monotonic() + timeout
     while proc.poll() is None:

@@ -17,9 +17,9 @@ from .deadline import Deadline
 from .errors import APIError
 from .events import Event, Finish, ReasoningDelta, TextDelta, Timings, ToolCallDelta, Usage
 from .lazy import LazyModule
-from .runtime.diagnose import bounded_repr as _short
-from .runtime.diagnose import error_from_body, transport_error
-from .runtime.process import Address
+from .runtime._common.process import Address
+from .runtime._serve.diagnose import bounded_repr as _short
+from .runtime._serve.diagnose import error_from_body, transport_error
 
 if TYPE_CHECKING:
     import httpx
@@ -27,7 +27,7 @@ else:
     httpx = LazyModule("httpx")  # imported at first use (bench P3)
 
 # --- errors ----------------------------------------------------------------------------------------------------
-# What a failure means is runtime/diagnose.py's table; error_from_body stays importable from here.
+# What a failure means is runtime/_serve/diagnose.py's table; error_from_body stays importable from here.
 
 
 def _raise_for_status(r: httpx.Response, body: bytes) -> None:

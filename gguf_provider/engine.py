@@ -1,7 +1,7 @@
 """An engine = a model spec bound to a running llama-server (started, shared or attached) plus its client.
 
 Adapters hold an :class:`Engine`; it starts the server on first use, maps transport failures of a dead server to
-:class:`ServerCrashedError` with the log tail (runtime/diagnose.py names the cause when it knows it; the next call
+:class:`ServerCrashedError` with the log tail (runtime/_serve/diagnose.py names the cause when it knows it; the next call
 starts a fresh server), retries such calls, and applies the context limits (:mod:`gguf_provider.limits`):
 ``max_tokens`` capped at the effective context minus the prompt, an over-long prompt refused before generation.
 """
@@ -25,32 +25,26 @@ from . import limits, media
 from .client import EngineClient
 from .client import RerankResult as RerankResult  # the result type of Engine.rerank
 from .deadline import Deadline
-from .errors import (
-    APIError,
-    GGUFProviderError,
-    RPCWorkerLostError,
-    ServerConnectionError,
-    ServerCrashedError,
-)
+from .errors import APIError, GGUFProviderError, RPCWorkerLostError, ServerConnectionError, ServerCrashedError
 from .events import Collector, Completion, Event
 from .lazy import LazyModule
 from .loops import LoopGuard
-from .runtime import diagnose, prompt_cache, server_options
-from .runtime._spec_fields import ResolvedOptions, SpecOptions
-from .runtime.cancel import Cancel
-from .runtime.cancel import check as check_cancel
-from .runtime.diagnose import rpc_lost as rpc_lost  # importable from here as before
-from .runtime.health import DEFAULT_START_TIMEOUT
-from .runtime.model_source import ModelSource
-from .runtime.progress import Progress
-from .runtime.server_options import validate_cache_type as validate_cache_type  # its home before
+from .runtime._common.cancel import Cancel
+from .runtime._common.cancel import check as check_cancel
+from .runtime._common.model_source import ModelSource
+from .runtime._common.progress import Progress
+from .runtime._common.spec_fields import ResolvedOptions, SpecOptions
+from .runtime._serve import diagnose, prompt_cache, server_options
+from .runtime._serve.diagnose import rpc_lost as rpc_lost  # importable from here as before
+from .runtime._serve.health import DEFAULT_START_TIMEOUT
+from .runtime._serve.server_options import validate_cache_type as validate_cache_type  # its home before
 
 if TYPE_CHECKING:
     import httpx
 
     # The server manager (and what it needs to start servers: install, plan, budget, ...) loads at the first load():
     # importing an adapter does not pay for it.
-    from .runtime import manager as mgr
+    from .runtime._serve import manager as mgr
 
     Transport = httpx.BaseTransport | httpx.AsyncBaseTransport
 else:
@@ -78,9 +72,9 @@ def _log_retry(exc: Exception, attempt: int, max_retries: int) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig(ModelSource, ResolvedOptions, SpecOptions):
-    """What an engine is made from: the model options (``ModelSource``: runtime/models/spec.py), the llama-server
+    """What an engine is made from: the model options (``ModelSource``: runtime/_models/spec.py), the llama-server
     options (``ResolvedOptions``, ``SpecOptions``: written from server_options.OPTIONS into
-    runtime/_spec_fields.py by scripts/gen_options.py) and the engine's own, below."""
+    runtime/_common/spec_fields.py by scripts/gen_options.py) and the engine's own, below."""
 
     base_url: str | None = None
     api_key: str | None = None
@@ -107,8 +101,8 @@ def resolve_spec(cfg: EngineConfig, *, progress: Progress | None = None) -> serv
     """The server spec of ``cfg``: the model resolved (found, or downloaded), with its projector when ``mmproj`` is
     given (checked to be a projector file) or ``vision`` asks for the one beside the model or in its repo.
     ``progress`` (default: the config's) gets the download reports."""
-    from .runtime import speculative
-    from .runtime.models import ModelRef, resolve
+    from .runtime._models import ModelRef, resolve
+    from .runtime._serve import speculative
 
     mode = speculative.OFF if cfg.embedding or cfg.rerank else speculative.normalize(cfg.speculative)
     found = resolve(ModelRef.of(cfg, progress=progress if progress is not None else cfg.progress,
@@ -166,7 +160,7 @@ class Engine:
     async def aload(self) -> mgr.ServerInfo:
         """:meth:`load` without blocking the event loop: the install, download, start and health wait run in a
         worker thread. Cancelling the awaiting coroutine stops the load at its next checkpoint
-        (runtime/cancel.py): a server it was starting is stopped and unregistered before the cancellation
+        (runtime/_common/cancel.py): a server it was starting is stopped and unregistered before the cancellation
         propagates, and one it had just started is given back and stops unless another client holds it."""
         info = self._loaded()
         if info is not None:
@@ -191,7 +185,7 @@ class Engine:
 
     def _load(self, cancel: Cancel | None) -> tuple[mgr.ServerInfo, bool]:
         """The server, and whether this call loaded it (False: another caller had meanwhile)."""
-        from .runtime import manager as mgr
+        from .runtime._serve import manager as mgr
 
         with self._lock:
             info = self._loaded()

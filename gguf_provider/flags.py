@@ -1,6 +1,6 @@
 """The llama-server options as command-line flags: ``gguf-provider serve``, ``embed``, ``rerank``, ``%gguf load``.
 
-Made from :data:`gguf_provider.runtime.server_options.OPTIONS` by group, as the adapters' fields are, so an option
+Made from :data:`gguf_provider.runtime._serve.server_options.OPTIONS` by group, as the adapters' fields are, so an option
 declared there is a flag of these commands too: ``--name-with-dashes`` (a few keep the short names they had), its
 type and help from the declaration. A flag not given is left out and the
 :class:`~gguf_provider.engine.EngineConfig` default holds; a misspelled one is argparse's error.
@@ -14,7 +14,7 @@ import typing
 from collections.abc import Iterable
 from typing import Any
 
-from .runtime import server_options
+from .runtime._serve import server_options
 
 GROUPS = ("server", "chat")  # a chat server's options: what `serve` and `%gguf load` start
 NAMES = {"n_ctx": ("--ctx", "--n-ctx"), "rpc_servers": ("--rpc",), "server_args": ("--server-arg",)}

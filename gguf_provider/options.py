@@ -5,7 +5,7 @@ The adapters compose the groups (chat: :class:`ChatOptions`; embeddings: :class:
 framework's rule for unknown keyword arguments (:class:`LangChainExtras`, :class:`LlamaIndexExtras`). A new option
 is one field here plus the place in the runtime or in :mod:`gguf_provider.chat` that uses it: a field whose name is
 an :class:`~gguf_provider.engine.EngineConfig` field reaches the engine through :meth:`EngineOptions.engine_config`.
-A llama-server option is not declared here but in :data:`gguf_provider.runtime.server_options.OPTIONS`: the server
+A llama-server option is not declared here but in :data:`gguf_provider.runtime._serve.server_options.OPTIONS`: the server
 groups' fields (their type, default and description) are written from that table into
 :mod:`gguf_provider._server_fields` by ``scripts/gen_options.py``, so that type checkers see them, and a value is
 checked by its entry's ``normalize`` (:meth:`_Options._server_option`). ``docs/reference.md`` is generated from
@@ -44,8 +44,8 @@ from .engine import (
     RerankResult,
     env_api_key,
 )
-from .runtime import server_options
-from .runtime.health import DEFAULT_START_TIMEOUT
+from .runtime._serve import server_options
+from .runtime._serve.health import DEFAULT_START_TIMEOUT
 
 if TYPE_CHECKING:
     from dataclasses import InitVar
@@ -91,7 +91,7 @@ class _Options(BaseModel):
         return dict(getattr(self, self._extras_field)) if self._extras_field else {}
 
 
-# The model options are declared in runtime/models/spec.py (ModelSource) and written into _ModelFields by
+# The model options are declared in runtime/_models/spec.py (ModelSource) and written into _ModelFields by
 # scripts/gen_options.py; the group adds how to attach to a running server instead.
 class ModelOptions(_ModelFields, _Options):
     """Which model, and where it comes from."""

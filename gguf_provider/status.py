@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .runtime import budget, metrics, registry
-from .runtime.metrics import ServerMetrics
-from .runtime.models import LocalModel, list_local_models
-from .runtime.process import Address
+from .runtime._common.process import Address
+from .runtime._models import LocalModel, list_local_models
+from .runtime._serve import budget, metrics, registry
+from .runtime._serve.metrics import ServerMetrics
 
 
 @dataclass(frozen=True)
@@ -35,15 +35,15 @@ class ServerStatus:
     last_used: float  # Unix time of its last lease taken or given back
     holders: tuple[int, ...]  # pids of the client processes holding it
     workers: tuple[str, ...] = ()  # the RPC workers (`host:port`) its model is spread over
-    # Its llama-server options that differ from the defaults, by their declared names (runtime/server_options.py):
+    # Its llama-server options that differ from the defaults, by their declared names (runtime/_serve/server_options.py):
     # {"kv_cache_type": "q8_0", "n_gpu_layers": 12, ...}; empty for a server started before they were recorded.
     options: dict[str, Any] = field(default_factory=dict, hash=False)
-    # Where its model sits, per device (runtime/plan.py): [{"device": "CUDA0", "layers": "layers 12-23 + output",
+    # Where its model sits, per device (runtime/_memory/plan.py): [{"device": "CUDA0", "layers": "layers 12-23 + output",
     # "n_layers": 13, "bytes": ...}, {"device": "CPU", ...}]; empty when everything is in RAM (no GPU-like device).
     placement: list[dict[str, Any]] = field(default_factory=list, hash=False)
     log: str = ""  # the server's log file (its stdout and stderr)
-    threads: int = 0  # its CPU threads (-t/-tb, runtime/threads.py); 0: none written (a model offloaded whole)
-    # Its live numbers from /metrics and /slots (runtime/metrics.py): tok/s, KV use, requests, draft acceptance;
+    threads: int = 0  # its CPU threads (-t/-tb, runtime/_common/threads.py); 0: none written (a model offloaded whole)
+    # Its live numbers from /metrics and /slots (runtime/_serve/metrics.py): tok/s, KV use, requests, draft acceptance;
     # None when it did not answer within the bound (or was not asked: ``running_servers(live=False)``).
     metrics: ServerMetrics | None = None
 

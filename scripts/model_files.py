@@ -43,7 +43,7 @@ def ensure_made(filename: str, sha256: str, lock_name: str, make: Callable[[Path
     checks its own sha256 before moving the file into place)."""
     import filelock
 
-    from gguf_provider.runtime import paths
+    from gguf_provider.runtime._common import paths
 
     target = paths.models_dir() / filename
     if target.is_file() and is_verified(target, sha256):

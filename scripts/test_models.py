@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gguf_provider.runtime import paths
+from gguf_provider.runtime._common import paths
 from scripts.model_files import is_verified, mark, sha256_file
 
 

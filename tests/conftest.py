@@ -89,7 +89,7 @@ def reranker_path() -> Path:
 @pytest.fixture(scope="session")
 def llama_src() -> Path:
     """The llama.cpp source tree of the installed build (its models/templates/*.jinja are real templates)."""
-    from gguf_provider.runtime import install
+    from gguf_provider.runtime._install import install
 
     return install.fetch_source()
 
@@ -98,6 +98,6 @@ def llama_src() -> Path:
 def _release_servers_at_end() -> Iterator[None]:
     yield
     # Only a manager some test made has servers to release (making one here would touch the home for nothing).
-    manager = sys.modules.get("gguf_provider.runtime.manager")
+    manager = sys.modules.get("gguf_provider.runtime._serve.manager")
     if manager is not None and getattr(manager, "_manager", True) is not None:
         manager.get_manager().release_all()

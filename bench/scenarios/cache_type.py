@@ -11,7 +11,9 @@ from bench.config import GOALS
 from bench.log import log
 from bench.stats import summary
 from gguf_provider.engine import Engine, EngineConfig
-from gguf_provider.runtime import budget, discovery, gguf
+from gguf_provider.runtime._common import gguf
+from gguf_provider.runtime._install import discovery
+from gguf_provider.runtime._serve import budget
 
 P9_F16_CONTEXT = 4096
 

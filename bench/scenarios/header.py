@@ -10,7 +10,7 @@ from typing import Any
 from bench.config import GOALS
 from bench.log import log
 from bench.stats import summary
-from gguf_provider.runtime.gguf import read_header
+from gguf_provider.runtime._common.gguf import read_header
 
 
 def bench_header(model: Path) -> dict[str, Any]:

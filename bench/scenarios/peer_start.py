@@ -29,7 +29,7 @@ from bench.config import GOALS, ROOT, Config
 from bench.log import log
 from bench.rounds import adaptive, late
 from bench.stats import summary
-from gguf_provider.runtime import registry
+from gguf_provider.runtime._serve import registry
 
 CHILD = ROOT / "bench" / "peer_start_child.py"
 P14_CTX = 2048
@@ -112,7 +112,7 @@ def _watchdogs() -> list[int]:
     for p in psutil.process_iter(["cmdline"]):
         try:
             cmd = p.info["cmdline"] or []
-            if "gguf_provider.runtime.watchdog" in cmd and p.environ().get("GGUF_PROVIDER_HOME") == home:
+            if "gguf_provider.runtime._serve.watchdog" in cmd and p.environ().get("GGUF_PROVIDER_HOME") == home:
                 found.append(p.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue

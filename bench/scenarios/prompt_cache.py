@@ -1,4 +1,4 @@
-"""P17: a prompt cache that survives a stop (runtime/prompt_cache.py): time to first token of the first turn after
+"""P17: a prompt cache that survives a stop (runtime/_serve/prompt_cache.py): time to first token of the first turn after
 the server was stopped and started again, a ~2,000-token system prompt saved at the stop and restored, ÷ the same
 turn on a restarted server without the cache.
 
@@ -23,7 +23,7 @@ from bench.rounds import adaptive
 from bench.stats import summary
 from gguf_provider.engine import Engine, EngineConfig
 from gguf_provider.events import TextDelta, Timings
-from gguf_provider.runtime import paths
+from gguf_provider.runtime._common import paths
 
 WORDS = ("river stone lamp harbor winter garden signal copper ladder forest quiet engine letter morning shadow "
          "market thunder velvet island bridge candle orchard silver meadow anchor compass lantern marble canyon "

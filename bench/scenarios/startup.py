@@ -19,7 +19,9 @@ from bench.rounds import adaptive
 from bench.stats import Goal, summary
 from gguf_provider.engine import Engine, EngineConfig
 from gguf_provider.events import TextDelta
-from gguf_provider.runtime import discovery, manager, process
+from gguf_provider.runtime._common import process
+from gguf_provider.runtime._install import discovery
+from gguf_provider.runtime._serve import manager
 
 
 def run_child(args: list[str]) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""P19: several models on one CPU (issue 45, runtime/threads.py). Decode speed (tokens per second as the stream
+"""P19: several models on one CPU (issue 45, runtime/_common/threads.py). Decode speed (tokens per second as the stream
 arrives, a reply of :data:`TOKENS` tokens with ``ignore_eos``, at most :data:`WINDOW_S` seconds of it) of:
 
 - one model alone: gguf-provider's start (alone: every core, libgomp's short spin) ÷ llama.cpp's defaults (``-t -1``,
@@ -28,7 +28,7 @@ from bench.rounds import adaptive
 from bench.stats import summary
 from gguf_provider.engine import Engine, EngineConfig
 from gguf_provider.events import TextDelta
-from gguf_provider.runtime import threads
+from gguf_provider.runtime._common import threads
 
 TOKENS = 128
 WINDOW_S = 12.0  # the longest a measurement runs
@@ -107,7 +107,7 @@ def bench_threads(cfg: Config, small: Path, large: Path) -> dict[str, Any]:
     ours["large"] = Engine(EngineConfig(model_path=str(large), n_ctx=N_CTX, keep_alive=0, speculative=False))
     ours["large"].load()
     default = {"small": _default_engine(small), "large": _default_engine(large)}
-    from gguf_provider.runtime import registry
+    from gguf_provider.runtime._serve import registry
 
     shown = {e.pid: e.threads for e in registry.read().values()}
     ours_threads = {k: shown.get(e.info.pid, 0) for k, e in ours.items()}

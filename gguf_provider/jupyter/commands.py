@@ -316,7 +316,8 @@ class GGUFMagics(Magics):
         return _Table(rows, "no servers running", status.memory_budget(servers).describe())
 
     def _cmd_devices(self, args: list[str]) -> _Table:
-        from ..runtime import devices, discovery, rpc
+        from ..runtime._install import discovery
+        from ..runtime._memory import devices, rpc
 
         p = _ArgParser(prog="%gguf devices", add_help=False)
         p.add_argument("--rpc", default="", metavar="HOST:PORT,...")

@@ -176,7 +176,7 @@ class _LiveOutput:
 
 
 class _Progress:
-    """Load progress (a :class:`~gguf_provider.runtime.progress.Progress`): download bytes as a bar, then "loading"
+    """Load progress (a :class:`~gguf_provider.runtime._common.progress.Progress`): download bytes as a bar, then "loading"
     with elapsed time."""
 
     def __init__(self, shell: Any) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from gguf_provider import ChatGGUF
-from gguf_provider.runtime.server_options import DEFAULT_CACHE_REUSE
+from gguf_provider.runtime._serve.server_options import DEFAULT_CACHE_REUSE
 from tests.support.runtime import RuntimeEnv
 
 pytestmark = pytest.mark.slow

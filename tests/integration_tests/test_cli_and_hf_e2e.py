@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from gguf_provider import ChatGGUF
-from gguf_provider.runtime import registry
+from gguf_provider.runtime._serve import registry
 from tests.support.hf_endpoint import HFEndpoint
 from tests.support.hf_repos import MAIN, SPLIT
 from tests.support.runtime import serving_line

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gguf_provider.runtime import devices, discovery, rpc
-from gguf_provider.runtime.process import free_port
+from gguf_provider.runtime._common.process import free_port
+from gguf_provider.runtime._install import discovery
+from gguf_provider.runtime._memory import devices, rpc
 
 pytestmark = pytest.mark.timeout(120)  # a hang guard: each test takes under 1 s under load
 

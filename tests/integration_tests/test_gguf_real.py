@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gguf_provider.errors import GGUFFormatError
-from gguf_provider.runtime.fit import MiB, kv_cache_bytes
-from gguf_provider.runtime.gguf import GGUFHeader, SkippedArray, read_header
+from gguf_provider.runtime._common.gguf import GGUFHeader, SkippedArray, read_header
+from gguf_provider.runtime._memory.fit import MiB, kv_cache_bytes
 from tests.support.gguf_bytes import STANDINS, cut_points
 
 # One read of a real header, in this thread's CPU time: what other processes of a busy machine take, and waiting

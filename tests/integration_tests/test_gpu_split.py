@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from gguf_provider.engine import Engine, EngineConfig
-from gguf_provider.runtime import gguf
-from gguf_provider.runtime.process import free_port
+from gguf_provider.runtime._common import gguf
+from gguf_provider.runtime._common.process import free_port
 from tests.integration_tests.test_rpc import QUESTION, Worker
 from tests.support.probs import assert_same_distribution, next_token_probs
 from tests.support.runtime import RuntimeEnv, wait_until

@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def _script_env() -> dict[str, str]:
     """A private gguf-provider home and runtime dir per script (the models and the build found as usual), so a
     script's server is its own, never one that this test session's objects happen to share."""
-    from gguf_provider.runtime import discovery, paths
+    from gguf_provider.runtime._common import paths
+    from gguf_provider.runtime._install import discovery
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
     env["PYTHONPATH"] = str(ROOT)

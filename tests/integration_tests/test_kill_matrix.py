@@ -15,8 +15,9 @@ from typing import Any
 import psutil
 import pytest
 
-from gguf_provider.runtime import registry, rpc
-from gguf_provider.runtime.process import free_port
+from gguf_provider.runtime._common.process import free_port
+from gguf_provider.runtime._memory import rpc
+from gguf_provider.runtime._serve import registry
 from tests.integration_tests.test_rpc import Worker
 from tests.support.runtime import ROOT, RuntimeEnv, pid_alive, serving_line, wait_until
 from tests.support.timing import REACT
@@ -189,13 +190,13 @@ def _signalled(p: psutil.Process) -> bool:
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
 def test_an_install_killed_mid_build_leaves_no_compiler_behind(tmp_path: Path, sig: signal.Signals) -> None:
     """`server install --from source` killed while ninja compiles: cmake, ninja and every compiler stop with it
-    (runtime/guard.py), no install appears, and the install lock is free for the next run.
+    (runtime/_common/guard.py), no install appears, and the install lock is free for the next run.
 
     The compilers at work are held still (SIGSTOP) from before the kill until the stop signal is pending for each,
     so none can finish its file in between on any machine: each is ended by that signal, and its object file never
     appears. Without the guard nobody signals them (ninja would only die at its next write to the dead installer's
     pipe, after they finished)."""
-    from gguf_provider.runtime import install
+    from gguf_provider.runtime._install import install
 
     src = install.fetch_source()  # the pinned tree (cached by `make test`'s set-up), linked into a fresh home
     home = tmp_path / "home"
@@ -248,7 +249,7 @@ def test_an_install_killed_mid_build_leaves_no_compiler_behind(tmp_path: Path, s
 
 def _slots(rt: RuntimeEnv, key: str) -> list[dict[str, Any]]:
     """The server's /slots, asked as a client of ours would (its socket, or its URL and key)."""
-    from gguf_provider.runtime import manager as mgr
+    from gguf_provider.runtime._serve import manager as mgr
 
     info = mgr._info(key, registry.read()[key])
     with info.address.client(timeout=5.0) as client:
@@ -316,7 +317,7 @@ def test_a_script_killed_mid_request_stops_its_generation(rt: RuntimeEnv, sig: s
         wait_until(lambda: _gone(server), GONE_WITHIN)
         return
     wait_until(lambda: not any(s.get("is_processing") for s in _slots(rt, r["key"])), GONE_WITHIN)
-    from gguf_provider.runtime import manager as mgr
+    from gguf_provider.runtime._serve import manager as mgr
 
     info = mgr._info(r["key"], registry.read()[r["key"]])
     with info.address.client(timeout=60.0) as client:

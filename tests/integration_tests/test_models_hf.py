@@ -17,8 +17,8 @@ from gguf_provider.errors import (
     ModelNotFoundError,
     UnknownQuantError,
 )
-from gguf_provider.runtime.models import hub as models_hub
-from gguf_provider.runtime.models import list_local_models, pull, resolve_model
+from gguf_provider.runtime._models import hub as models_hub
+from gguf_provider.runtime._models import list_local_models, pull, resolve_model
 from tests.support.hf_endpoint import FixtureFiles, HFEndpoint, file_sha256
 from tests.support.hf_repos import BROKEN, FLAKY, MAIN, ODD, PRIVATE, SPLIT, TOKEN, TRICKY
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gguf_provider.errors import MissingShardError
-from gguf_provider.runtime.models import resolve_model
+from gguf_provider.runtime._models import resolve_model
 from tests.support.hf_endpoint import FixtureFiles
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gguf_provider import cli
-from gguf_provider.runtime.gguf import read_tensors
+from gguf_provider.runtime._common.gguf import read_tensors
 from tests.support.gguf_tables import qwen_tensors, smol8_tensors, tensor_bytes
 
 

@@ -31,7 +31,8 @@ import psutil
 import pytest
 
 from gguf_provider.errors import BinaryNotFoundError
-from gguf_provider.runtime import discovery, install, paths, prebuilt
+from gguf_provider.runtime._common import paths
+from gguf_provider.runtime._install import discovery, install, prebuilt
 from tests.support.llama_releases import (
     ReleasesServer,
     asset_name,
@@ -177,7 +178,7 @@ def test_install_from_the_mirror_in_seconds_without_a_compiler_then_serve(
     assert info["flags"]["--jinja"] and info["tools"] == ["ggml-rpc-server", "llama-gguf-split", "llama-quantize"]
 
     from gguf_provider import ChatGGUF
-    from gguf_provider.runtime import manager as mgr
+    from gguf_provider.runtime._serve import manager as mgr
 
     run_dir = Path(tempfile.mkdtemp(prefix="gpp-", dir="/tmp"))
     monkeypatch.setenv("PATH", env["PATH"])

@@ -1,4 +1,4 @@
-"""A long prompt's KV survives a stop (runtime/prompt_cache.py), against real llama-servers and SmolLM2.
+"""A long prompt's KV survives a stop (runtime/_serve/prompt_cache.py), against real llama-servers and SmolLM2.
 
 Each stop path saves the idle slots (keep_alive=0 release, `gguf-provider stop`, LRU eviction, keep_alive's
 watchdog), and the next server of the same model and options restores the saved prompt on its first request: the
@@ -27,7 +27,7 @@ import pytest
 from gguf_provider.engine import Engine, EngineConfig
 from gguf_provider.errors import PromptCacheWarning
 from gguf_provider.events import Completion
-from gguf_provider.runtime import prompt_cache
+from gguf_provider.runtime._serve import prompt_cache
 from tests.support.runtime import RuntimeEnv, pid_alive, wait_until
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,8 @@ import pytest
 
 from gguf_provider import chat, status
 from gguf_provider.engine import Engine, EngineConfig
-from gguf_provider.runtime import metrics, process, registry
+from gguf_provider.runtime._common import process
+from gguf_provider.runtime._serve import metrics, registry
 from tests.support.runtime import RuntimeEnv, wait_until
 
 pytestmark = pytest.mark.slow

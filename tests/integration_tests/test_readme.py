@@ -43,7 +43,8 @@ def test_the_readme_has_examples() -> None:
 
 
 def _env() -> dict[str, str]:
-    from gguf_provider.runtime import discovery, paths
+    from gguf_provider.runtime._common import paths
+    from gguf_provider.runtime._install import discovery
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
     env.update({

@@ -21,8 +21,8 @@ import pytest
 from gguf_provider.engine import Engine, EngineConfig
 from gguf_provider.errors import RPCWorkerLostError, RPCWorkerUnreachableError
 from gguf_provider.events import TextDelta
-from gguf_provider.runtime import rpc
-from gguf_provider.runtime.process import free_port
+from gguf_provider.runtime._common.process import free_port
+from gguf_provider.runtime._memory import rpc
 from tests.support.probs import assert_same_distribution, next_token_probs
 from tests.support.runtime import ROOT, RuntimeEnv, wait_until
 
@@ -112,7 +112,7 @@ def test_a_model_spread_over_two_workers_answers_like_one_machine(rt: RuntimeEnv
         argv = server.cmdline()
         assert argv[argv.index("--rpc") + 1] == f"{w1.endpoint},{w2.endpoint}"
         # The memory plan puts every layer and the output head on the workers, split by their free memory.
-        from gguf_provider.runtime.gguf import read_header
+        from gguf_provider.runtime._common.gguf import read_header
 
         assert argv[argv.index("-ngl") + 1] == str((read_header(rt.model).block_count or 0) + 1)
         assert "--tensor-split" in argv and argv[argv.index("--fit") + 1] == "off"

@@ -13,7 +13,9 @@ import pytest
 
 from gguf_provider.engine import Engine, EngineConfig
 from gguf_provider.errors import InsufficientMemoryError, MemoryBudgetWarning
-from gguf_provider.runtime import budget, fit, gguf
+from gguf_provider.runtime._common import gguf
+from gguf_provider.runtime._memory import fit
+from gguf_provider.runtime._serve import budget
 from tests.support.runtime import RuntimeEnv, pid_alive, wait_until
 from tests.support.timing import REACT
 

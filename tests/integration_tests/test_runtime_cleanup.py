@@ -11,8 +11,8 @@ import httpx
 import psutil
 import pytest
 
-from gguf_provider.runtime import manager as mgr
-from gguf_provider.runtime import registry
+from gguf_provider.runtime._serve import manager as mgr
+from gguf_provider.runtime._serve import registry
 from tests.support.runtime import RuntimeEnv, pid_alive, wait_until
 from tests.support.timing import REACT
 

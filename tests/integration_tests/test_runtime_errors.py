@@ -21,7 +21,7 @@ from gguf_provider.errors import (
     ServerConnectionError,
     ServerStartError,
 )
-from gguf_provider.runtime import manager as mgr
+from gguf_provider.runtime._serve import manager as mgr
 from tests.support.runtime import RuntimeEnv
 from tests.support.timing import REACT
 
@@ -77,7 +77,7 @@ def test_file_truncated_in_tensor_data_is_a_format_error(rt: RuntimeEnv, tmp_pat
 
 @pytest.fixture(scope="module")
 def split_model(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Iterator[Path]:
-    from gguf_provider.runtime import discovery
+    from gguf_provider.runtime._install import discovery
 
     tool = discovery.find_llama_server().with_name("llama-gguf-split")
     if not tool.is_file():

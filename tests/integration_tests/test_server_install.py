@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gguf_provider.runtime import discovery, install
+from gguf_provider.runtime._install import discovery, install
 
 CLI = [sys.executable, "-m", "gguf_provider.cli"]
 

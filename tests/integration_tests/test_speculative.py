@@ -27,7 +27,8 @@ from gguf_provider import ChatGGUF
 from gguf_provider.engine import Engine, EngineConfig
 from gguf_provider.errors import DraftModelMismatchError, MemoryBudgetWarning, SpeculationWarning
 from gguf_provider.llama_index import GGUF
-from gguf_provider.runtime import budget, gguf, speculative
+from gguf_provider.runtime._common import gguf
+from gguf_provider.runtime._serve import budget, speculative
 from tests.support.runtime import ROOT, RuntimeEnv, wait_until
 
 # A hang guard: the slowest test takes ~42 s under load, 10x; but the one marked below.

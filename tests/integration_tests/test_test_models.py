@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gguf_provider.runtime.models import resolve_model
-from gguf_provider.runtime.models.local import list_models_dirs
+from gguf_provider.runtime._models import resolve_model
+from gguf_provider.runtime._models.local import list_models_dirs
 from scripts import make_projector
 from scripts.model_files import is_verified, sha256_file
 

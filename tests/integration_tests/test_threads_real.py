@@ -1,6 +1,6 @@
 """Threads that add up, on this machine's real cores: two models gguf-provider starts (SmolLM2, then
 Qwen2.5-Coder-0.5B) generate at once, and each keeps at least 0.3 of its speed alone, both measured here (no fixed
-tokens/s); `ps` shows each server's threads, the split of runtime/threads.py. Each figure is the decode speed
+tokens/s); `ps` shows each server's threads, the split of runtime/_common/threads.py. Each figure is the decode speed
 of a reply with ``ignore_eos``, as bench P19 takes it (nothing depends on the text). The goals against llama.cpp's
 default threads: bench P19 (docs/benchmarks.md)."""
 
@@ -15,7 +15,7 @@ import pytest
 
 from bench.scenarios.threads import decode_speed, generating
 from gguf_provider.engine import Engine, EngineConfig
-from gguf_provider.runtime import threads
+from gguf_provider.runtime._common import threads
 from scripts.test_models import ensure
 from tests.support.runtime import RuntimeEnv
 

@@ -15,7 +15,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script from a checkout
 
-from gguf_provider.runtime.paths import home
+from gguf_provider.runtime._common.paths import home
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "bench" / "NOTES.md"

@@ -13,8 +13,8 @@ import pytest
 from gguf_provider.engine import Engine, EngineConfig, resolve_spec
 from gguf_provider.errors import ServerCrashedError, ServerTimeoutError
 from gguf_provider.events import TextDelta
-from gguf_provider.runtime import health, registry
-from gguf_provider.runtime import manager as mgr
+from gguf_provider.runtime._serve import health, registry
+from gguf_provider.runtime._serve import manager as mgr
 from tests.reliability.report import write_report
 from tests.support.runtime import RuntimeEnv, pid_alive, wait_until
 
@@ -93,7 +93,7 @@ def test_hung_server_times_out_never_hangs(rt: RuntimeEnv) -> None:
         t0 = time.monotonic()
         with pytest.raises(ServerTimeoutError, match="does not answer.*gguf-provider stop"):
             mgr.ServerManager().acquire(resolve_spec(engine.config))
-        assert time.monotonic() - t0 < 60  # read_props' 5 s timeout (runtime/health.py), ~5 s idle; 10x+
+        assert time.monotonic() - t0 < 60  # read_props' 5 s timeout (runtime/_serve/health.py), ~5 s idle; 10x+
         assert [p.pid for p in rt.servers()] == [pid]
     finally:
         os.kill(pid, signal.SIGCONT)
@@ -198,7 +198,7 @@ def test_registry_locked_by_a_dead_process_is_recovered(rt: RuntimeEnv) -> None:
     import filelock
 
     rt.home.mkdir(parents=True, exist_ok=True)
-    code = ("import filelock, sys, time; from gguf_provider.runtime import registry; "
+    code = ("import filelock, sys, time; from gguf_provider.runtime._serve import registry; "
             "lock = filelock.FileLock(str(registry._lock_path())); lock.acquire(); "
             "print('locked', flush=True); time.sleep(600)")
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=dict(os.environ))

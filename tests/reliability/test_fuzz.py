@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gguf_provider.errors import GGUFFormatError
-from gguf_provider.runtime.gguf import read_header
+from gguf_provider.runtime._common.gguf import read_header
 from tests.reliability.report import write_report
 from tests.unit_tests import test_fuzz_offline as offline
 

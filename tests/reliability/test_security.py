@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from gguf_provider.engine import Engine, EngineConfig
-from gguf_provider.runtime import registry
+from gguf_provider.runtime._serve import registry
 from tests.support.runtime import RuntimeEnv
 
 pytestmark = pytest.mark.slow

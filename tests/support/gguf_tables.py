@@ -3,7 +3,7 @@ offline on the real per-tensor sizes (tests/integration_tests/test_plan_real.py 
 
 A file written here has the real model's header keys that the plan reads and its real tensor table (names, shapes,
 types, offsets); its data section is a hole (the file is truncated to its full size, sparse where the filesystem
-allows), so :func:`gguf_provider.runtime.gguf.read_tensors` reads the same sizes as from the real file.
+allows), so :func:`gguf_provider.runtime._common.gguf.read_tensors` reads the same sizes as from the real file.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from gguf_provider.runtime import paths
+from gguf_provider.runtime._common import paths
 from scripts.test_models import ensure
 from tests.support.tools import tool_path
 

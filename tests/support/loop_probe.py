@@ -248,7 +248,7 @@ def sync_call(cfg: dict[str, Any]) -> Any:
 
 async def cancelled_start(cfg: dict[str, Any]) -> dict[str, Any]:
     """A cold ``ainvoke`` cancelled while its server loads: the cancellation waits for the start to be undone."""
-    from gguf_provider.runtime import registry
+    from gguf_provider.runtime._serve import registry
 
     llm = chat_model(cfg)
     seen: dict[str, Any] = {}

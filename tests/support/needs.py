@@ -21,7 +21,8 @@ SETUP = "run `make setup-test` (llama-server and the test models; `make test` do
 
 def missing() -> list[str]:
     """What of the integration tests' machine state is absent: a llama-server, and which test models."""
-    from gguf_provider.runtime import discovery, paths
+    from gguf_provider.runtime._common import paths
+    from gguf_provider.runtime._install import discovery
     from scripts import convert_minilm, make_projector, make_reranker
     from scripts.model_files import is_verified
     from scripts.test_models import BENCH_ONLY, MODELS

@@ -121,7 +121,7 @@ class RuntimeEnv:
 
     def registry(self) -> dict[str, Any]:
         """The registry's entries as its file stores them (JSON)."""
-        from gguf_provider.runtime import registry
+        from gguf_provider.runtime._serve import registry
 
         return {key: entry.to_json() for key, entry in registry.read().items()}
 
@@ -135,7 +135,7 @@ class RuntimeEnv:
         found = []
         for p in psutil.process_iter():
             cmd = _cmdline(p)
-            if "gguf_provider.runtime.watchdog" in cmd and _environ(p).get("GGUF_PROVIDER_HOME") == str(self.home):
+            if "gguf_provider.runtime._serve.watchdog" in cmd and _environ(p).get("GGUF_PROVIDER_HOME") == str(self.home):
                 if pid_alive(p.pid):
                     found.append(p)
         return found
@@ -199,8 +199,8 @@ def wait_until(cond: Callable[[], bool], timeout: float, interval: float = 0.05)
 @pytest.fixture
 def rt(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, smollm2_path: Path) -> Iterator[RuntimeEnv]:
     """A private home, registry and runtime dir; the installed llama-server; a fresh process-wide manager."""
-    from gguf_provider.runtime import discovery
-    from gguf_provider.runtime import manager as mgr
+    from gguf_provider.runtime._install import discovery
+    from gguf_provider.runtime._serve import manager as mgr
 
     binary = discovery.find_llama_server()  # evaluated before the home moves
     run_dir = Path(tempfile.mkdtemp(prefix="gpt-", dir="/tmp"))  # short: Unix socket paths are limited

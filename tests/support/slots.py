@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from gguf_provider.client import EngineClient
-from gguf_provider.runtime.metrics import PREFIX, parse_prometheus
+from gguf_provider.runtime._serve.metrics import PREFIX, parse_prometheus
 
 
 def busy(client: EngineClient) -> int:

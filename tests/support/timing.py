@@ -1,5 +1,5 @@
 """How long tests wait for processes to react: to a signal, to their parent's death (PR_SET_PDEATHSIG), to a
-watchdog's tick (1 s) or a stop's grace (runtime/guard.py's 3 s, registry stops' 5 s). A bound for a failure,
+watchdog's tick (1 s) or a stop's grace (runtime/_common/guard.py's 3 s, registry stops' 5 s). A bound for a failure,
 not an expectation: a passing test waits as long as the reaction takes, not this long."""
 
 from __future__ import annotations

@@ -11,13 +11,13 @@ import os
 import shutil
 from pathlib import Path
 
-from gguf_provider.runtime import paths
+from gguf_provider.runtime._common import paths
 
 BUILD_TAG = "llama-cpp-python-0.3.36-cpu"
 
 
 def candidate_dirs() -> list[Path]:
-    from gguf_provider.runtime import install
+    from gguf_provider.runtime._install import install
 
     installs = [i.bin_dir for i in install.installations() if i.bin_dir.name != BUILD_TAG]
     return [paths.bin_dir() / BUILD_TAG, *installs, paths.build_dir() / BUILD_TAG / "bin"]

@@ -15,8 +15,9 @@ import pytest
 
 from gguf_provider import cli
 from gguf_provider.errors import BackendWarning, PrebuiltInstallError
-from gguf_provider.runtime import backend, discovery, host, install, installed, prebuilt
-from gguf_provider.runtime.host import GPU, Choice, Host
+from gguf_provider.runtime._common import host
+from gguf_provider.runtime._common.host import GPU, Choice, Host
+from gguf_provider.runtime._install import backend, discovery, install, installed, prebuilt
 from tests.support.llama_releases import ReleasesServer
 from tests.unit_tests.test_prebuilt import TAG, UPSTREAM
 

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from gguf_provider.errors import InsufficientMemoryError
-from gguf_provider.runtime import budget, fit
-from gguf_provider.runtime.gguf import GGUFHeader, read_header
+from gguf_provider.runtime._common.gguf import GGUFHeader, read_header
+from gguf_provider.runtime._memory import fit
+from gguf_provider.runtime._serve import budget
 from tests.support.gguf_bytes import STANDINS
 
 

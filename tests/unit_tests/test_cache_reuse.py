@@ -11,10 +11,10 @@ import pytest
 from gguf_provider import ChatGGUF, GGUFEmbeddings
 from gguf_provider.engine import EngineConfig
 from gguf_provider.llama_index import GGUF
-from gguf_provider.runtime import server_options
-from gguf_provider.runtime.discovery import ServerCapabilities
-from gguf_provider.runtime.manager import ServerSpec, build_argv
-from gguf_provider.runtime.process import Address
+from gguf_provider.runtime._common.process import Address
+from gguf_provider.runtime._install.discovery import ServerCapabilities
+from gguf_provider.runtime._serve import server_options
+from gguf_provider.runtime._serve.manager import ServerSpec, build_argv
 
 CAPS = ServerCapabilities(path="llama-server", version="test", flags={"--jinja": True, "--cache-reuse": True})
 DEFAULT = server_options.DEFAULT_CACHE_REUSE

@@ -12,7 +12,7 @@ from IPython.core.error import UsageError
 from gguf_provider import cli, flags
 from gguf_provider.engine import EngineConfig
 from gguf_provider.jupyter.commands import _load_parser, load_config
-from gguf_provider.runtime import server_options
+from gguf_provider.runtime._serve import server_options
 
 
 def _subparser(name: str) -> argparse.ArgumentParser:

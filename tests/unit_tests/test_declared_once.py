@@ -19,11 +19,11 @@ from pydantic import BaseModel, SecretStr
 from gguf_provider import ChatGGUF, GGUFEmbeddings, GGUFRerank, options
 from gguf_provider.engine import EngineConfig, resolve_spec
 from gguf_provider.llama_index import GGUF, GGUFEmbedding, GGUFRerankPostprocessor
-from gguf_provider.runtime import server_options
-from gguf_provider.runtime._spec_fields import ResolvedOptions, SpecOptions
-from gguf_provider.runtime.model_source import ModelSource
-from gguf_provider.runtime.models import ModelRef
-from gguf_provider.runtime.server_options import ServerSpec
+from gguf_provider.runtime._common.model_source import ModelSource
+from gguf_provider.runtime._common.spec_fields import ResolvedOptions, SpecOptions
+from gguf_provider.runtime._models import ModelRef
+from gguf_provider.runtime._serve import server_options
+from gguf_provider.runtime._serve.server_options import ServerSpec
 from scripts import gen_options
 from tests.support import gguf_bytes as gb
 

@@ -1,4 +1,4 @@
-"""Devices as llama-server sees them (runtime/devices.py), offline: `--list-devices` outputs of every backend as
+"""Devices as llama-server sees them (runtime/_memory/devices.py), offline: `--list-devices` outputs of every backend as
 llama.cpp printed them (tests/unit_tests/data/list_devices, sources in SOURCES.md), the nvidia-smi fallback with
 CUDA_VISIBLE_DEVICES, unified memory counted once, `--device KIND:MEMORY`, and fake binaries that list, fail or
 hang. The real binary with a real RPC worker is in tests/integration_tests/test_devices_real.py."""
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gguf_provider.runtime import devices, fit
-from gguf_provider.runtime.devices import Device
+from gguf_provider.runtime._memory import devices, fit
+from gguf_provider.runtime._memory.devices import Device
 
 DATA = Path(__file__).parent / "data" / "list_devices"
 MiB = 2**20
@@ -333,7 +333,7 @@ LISTED = [Device("CUDA0", "cuda", "NVIDIA GeForce RTX 4090", 24080 * MiB, 23665 
 @pytest.fixture
 def machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[tuple[Path | None, tuple[str, ...]]]:
     """machine_devices answers LISTED; the calls it got are recorded; discovery finds a fake binary."""
-    from gguf_provider.runtime import discovery
+    from gguf_provider.runtime._install import discovery
 
     calls: list[tuple[Path | None, tuple[str, ...]]] = []
     binary = tmp_path / "llama-server"

@@ -1,4 +1,4 @@
-"""Issue 30: one table from llama-server failures to typed errors (gguf_provider/runtime/diagnose.py).
+"""Issue 30: one table from llama-server failures to typed errors (gguf_provider/runtime/_serve/diagnose.py).
 
 Modelled on httpx's test that every lower-level exception is mapped: every entry of ``TABLE`` has a sample here and
 each sample is diagnosed by its own entry. The log lines and error bodies are llama-server's own (the strings come
@@ -29,9 +29,9 @@ from gguf_provider.errors import (
     ServerStartError,
     ServerTimeoutError,
 )
-from gguf_provider.runtime import diagnose
-from gguf_provider.runtime.diagnose import TABLE, Failure
-from gguf_provider.runtime.process import Address
+from gguf_provider.runtime._common.process import Address
+from gguf_provider.runtime._serve import diagnose
+from gguf_provider.runtime._serve.diagnose import TABLE, Failure
 
 W1, W2 = "127.0.0.1:50052", "127.0.0.1:50053"
 DATA = Path(__file__).parent / "data"

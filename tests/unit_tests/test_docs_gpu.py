@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gguf_provider import cli, errors
-from gguf_provider.runtime import devices
+from gguf_provider.runtime._memory import devices
 from tests.support.gguf_tables import QWEN_FILE, QWEN_META, qwen_tensors, write_gguf
 
 ROOT = Path(__file__).resolve().parents[2]

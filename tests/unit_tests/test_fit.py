@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from gguf_provider.errors import InsufficientMemoryError
-from gguf_provider.runtime.fit import (
+from gguf_provider.runtime._common.gguf import GGUFHeader, read_header
+from gguf_provider.runtime._memory.fit import (
     GiB,
     MemoryInfo,
     MiB,
@@ -26,7 +27,6 @@ from gguf_provider.runtime.fit import (
     kv_cache_bytes,
     recurrent_state_bytes,
 )
-from gguf_provider.runtime.gguf import GGUFHeader, read_header
 from tests.support.gguf_bytes import STANDINS
 
 
@@ -310,7 +310,9 @@ def test_cpu_build_on_a_gpu_host_is_fitted_to_ram(tmp_path: Path, monkeypatch: p
     CUDA build) keeps the VRAM."""
     import json
 
-    from gguf_provider.runtime import fit, install, manager
+    from gguf_provider.runtime._install import install
+    from gguf_provider.runtime._memory import fit
+    from gguf_provider.runtime._serve import manager
 
     monkeypatch.setenv("GGUF_PROVIDER_HOME", str(tmp_path))
     monkeypatch.setattr(fit, "gpu_free_memory", lambda: (8 * 2**30,))

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from gguf_provider.errors import BinaryNotFoundError, BuildError
-from gguf_provider.runtime import discovery, host, install
+from gguf_provider.runtime._common import host
+from gguf_provider.runtime._install import discovery, install
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "gguf_provider.cli"]

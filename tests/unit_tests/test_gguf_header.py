@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gguf_provider.errors import GGUFFormatError, ModelNotFoundError
-from gguf_provider.runtime.gguf import GGUFHeader, SkippedArray, read_header
+from gguf_provider.runtime._common.gguf import GGUFHeader, SkippedArray, read_header
 from tests.support.gguf_bytes import (
     ARR,
     BOOL,

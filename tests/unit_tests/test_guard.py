@@ -1,4 +1,4 @@
-"""runtime/guard.py: the command it runs, and everything that command starts, stop with the guard or its parent."""
+"""runtime/_common/guard.py: the command it runs, and everything that command starts, stop with the guard or its parent."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gguf_provider.runtime import process
+from gguf_provider.runtime._common import process
 from tests.support.timing import REACT
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
@@ -45,7 +45,7 @@ def _all_gone(pids: list[int], within: float = REACT) -> bool:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_stopped_guard_takes_the_whole_group_down(tmp_path: Path, sig: signal.Signals) -> None:
-    guard = subprocess.Popen([sys.executable, "-m", "gguf_provider.runtime.guard", *_tree(tmp_path)])
+    guard = subprocess.Popen([sys.executable, "-m", "gguf_provider.runtime._common.guard", *_tree(tmp_path)])
     try:
         grandchildren = _pids(tmp_path)
         os.kill(guard.pid, sig)
@@ -69,8 +69,8 @@ def test_the_guard_stops_the_group_when_its_parent_is_killed(tmp_path: Path) -> 
     """The installer SIGKILLed: the kernel tells the guard (PR_SET_PDEATHSIG = SIGTERM), the guard ends the group."""
     parent = subprocess.Popen([sys.executable, "-c", (
         "import signal, subprocess, sys, time\n"
-        "from gguf_provider.runtime import process\n"
-        f"subprocess.Popen([sys.executable, '-m', 'gguf_provider.runtime.guard', *{_tree(tmp_path)!r}],\n"
+        "from gguf_provider.runtime._common import process\n"
+        f"subprocess.Popen([sys.executable, '-m', 'gguf_provider.runtime._common.guard', *{_tree(tmp_path)!r}],\n"
         "                 preexec_fn=process.dies_with_parent(signal.SIGTERM))\n"
         "time.sleep(300)\n")], cwd=Path(process.__file__).parents[2])
     try:
@@ -84,11 +84,11 @@ def test_the_guard_stops_the_group_when_its_parent_is_killed(tmp_path: Path) -> 
 
 
 def test_a_command_that_cannot_run_is_exit_status_127(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "gguf_provider.runtime.guard", str(tmp_path / "no-such-cmake")],
+    out = subprocess.run([sys.executable, "-m", "gguf_provider.runtime._common.guard", str(tmp_path / "no-such-cmake")],
                          capture_output=True, text=True, timeout=REACT)
     assert out.returncode == 127 and "could not run" in out.stderr
 
 
 def test_the_exit_status_is_the_commands() -> None:
-    assert subprocess.run([sys.executable, "-m", "gguf_provider.runtime.guard", "sh", "-c", "exit 3"],
+    assert subprocess.run([sys.executable, "-m", "gguf_provider.runtime._common.guard", "sh", "-c", "exit 3"],
                           timeout=REACT).returncode == 3

@@ -15,9 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Needed at the first call, not at import: the server manager and what only it imports.
 CALL_TIME = (
-    "gguf_provider.runtime.manager", "gguf_provider.runtime.install", "gguf_provider.runtime.prebuilt",
-    "gguf_provider.runtime.models", "gguf_provider.runtime.budget", "gguf_provider.runtime.plan",
-    "gguf_provider.runtime.registry", "gguf_provider.runtime.devices",
+    "gguf_provider.runtime._serve.manager", "gguf_provider.runtime._install.install", "gguf_provider.runtime._install.prebuilt",
+    "gguf_provider.runtime._models", "gguf_provider.runtime._serve.budget", "gguf_provider.runtime._memory.plan",
+    "gguf_provider.runtime._serve.registry", "gguf_provider.runtime._memory.devices",
     "huggingface_hub", "filelock", "tarfile", "tqdm",
     "httpx",  # only once a server is asked something (with its CLI's click/rich/pygments when installed)
 )

@@ -21,9 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 CHILD_TIMEOUT = 60
 
 SAY = ("import logging, gguf_provider; "
-       "logging.getLogger('gguf_provider.runtime.manager').info('hello %s', 'info'); "
-       "logging.getLogger('gguf_provider.runtime.manager').debug('hello %s', 'debug'); "
-       "logging.getLogger('gguf_provider.runtime.budget').warning('hello %s', 'warning')")
+       "logging.getLogger('gguf_provider.runtime._serve.manager').info('hello %s', 'info'); "
+       "logging.getLogger('gguf_provider.runtime._serve.manager').debug('hello %s', 'debug'); "
+       "logging.getLogger('gguf_provider.runtime._serve.budget').warning('hello %s', 'warning')")
 
 
 @pytest.fixture(autouse=True)
@@ -55,7 +55,7 @@ def test_the_environment_variable_turns_on_a_stderr_handler_at_import(value: str
     said = {word for word in ("info", "debug", "warning") if f"hello {word}" in done.stderr}
     assert said == shown, done.stderr
     if "info" in shown:
-        assert "gguf_provider.runtime.manager INFO: hello info" in done.stderr
+        assert "gguf_provider.runtime._serve.manager INFO: hello info" in done.stderr
 
 
 def test_a_bad_value_warns_and_logs_nothing() -> None:

@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 
 from gguf_provider.errors import DeviceOutOfMemoryError, MemoryBudgetWarning, ServerStartError
-from gguf_provider.runtime import gguf, plan
-from gguf_provider.runtime import manager as mgr
-from gguf_provider.runtime.devices import Device
-from gguf_provider.runtime.process import Address
-from gguf_provider.runtime.progress import Progress
+from gguf_provider.runtime._common import gguf
+from gguf_provider.runtime._common.process import Address
+from gguf_provider.runtime._common.progress import Progress
+from gguf_provider.runtime._memory import plan
+from gguf_provider.runtime._memory.devices import Device
+from gguf_provider.runtime._serve import manager as mgr
 from tests.unit_tests.test_manager_races import FakeHealth, World
 
 MiB, GiB = 1 << 20, 1 << 30

@@ -21,15 +21,17 @@ import httpx
 import pytest
 
 from gguf_provider.errors import LoadCancelled, ServerConnectionError, ServerStartError
-from gguf_provider.runtime import budget as budget_mod
-from gguf_provider.runtime import discovery, fit, registry, watchdog
-from gguf_provider.runtime import manager as mgr
-from gguf_provider.runtime.cancel import Cancel
-from gguf_provider.runtime.devices import Device
-from gguf_provider.runtime.gguf import GGUFHeader
-from gguf_provider.runtime.process import Address
-from gguf_provider.runtime.progress import Progress
-from gguf_provider.runtime.registry import Entry, Registry
+from gguf_provider.runtime._common.cancel import Cancel
+from gguf_provider.runtime._common.gguf import GGUFHeader
+from gguf_provider.runtime._common.process import Address
+from gguf_provider.runtime._common.progress import Progress
+from gguf_provider.runtime._install import discovery
+from gguf_provider.runtime._memory import fit
+from gguf_provider.runtime._memory.devices import Device
+from gguf_provider.runtime._serve import budget as budget_mod
+from gguf_provider.runtime._serve import manager as mgr
+from gguf_provider.runtime._serve import registry, watchdog
+from gguf_provider.runtime._serve.registry import Entry, Registry
 from tests.support.gguf_bytes import STANDINS
 
 # --- fakes ---------------------------------------------------------------------------------------------------------

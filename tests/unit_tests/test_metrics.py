@@ -15,10 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gguf_provider.runtime import metrics
-from gguf_provider.runtime.discovery import ServerCapabilities
-from gguf_provider.runtime.manager import ServerSpec, build_argv
-from gguf_provider.runtime.process import Address
+from gguf_provider.runtime._common.process import Address
+from gguf_provider.runtime._install.discovery import ServerCapabilities
+from gguf_provider.runtime._serve import metrics
+from gguf_provider.runtime._serve.manager import ServerSpec, build_argv
 
 DATA = Path(__file__).parent / "data" / "metrics"
 BODY = (DATA / "llama-server-metrics.prom").read_text()

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from gguf_provider.errors import MissingShardError, ModelNotFoundError, UnknownQuantError
-from gguf_provider.runtime import models
-from gguf_provider.runtime.models import (
+from gguf_provider.runtime import _models as models
+from gguf_provider.runtime._models import (
     ModelRef,
     list_local_models,
     parse_quant,

@@ -1,4 +1,4 @@
-"""The memory plan's decisions (runtime/plan.py) on device lists, and `gguf-provider plan` (issue 36, points 3 and 5(c)).
+"""The memory plan's decisions (runtime/_memory/plan.py) on device lists, and `gguf-provider plan` (issue 36, points 3 and 5(c)).
 
 Models are real tensor tables written by the tests (tests/support/gguf_tables.py: Qwen2.5-Coder-0.5B's and an
 8-layer SmolLM2's, checked against the real files by tests/integration_tests/test_plan_real.py) or tables built here
@@ -18,10 +18,10 @@ import pytest
 
 from gguf_provider import cli
 from gguf_provider.errors import GGUFFormatError
-from gguf_provider.runtime import devices, fit
-from gguf_provider.runtime.devices import Device
-from gguf_provider.runtime.gguf import GGUFHeader, TensorInfo, read_header, read_tensors
-from gguf_provider.runtime.plan import (
+from gguf_provider.runtime._common.gguf import GGUFHeader, TensorInfo, read_header, read_tensors
+from gguf_provider.runtime._memory import devices, fit
+from gguf_provider.runtime._memory.devices import Device
+from gguf_provider.runtime._memory.plan import (
     FIT_MIN_CONTEXT,
     SPECULATIVE_OUTPUTS,
     GiB,

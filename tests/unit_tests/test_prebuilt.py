@@ -20,8 +20,9 @@ import httpx
 import pytest
 
 from gguf_provider.errors import BinaryNotFoundError, BuildError, PrebuiltInstallError
-from gguf_provider.runtime import discovery, install, paths, prebuilt
-from gguf_provider.runtime.prebuilt import Asset, Host, Release
+from gguf_provider.runtime._common import paths
+from gguf_provider.runtime._install import discovery, install, prebuilt
+from gguf_provider.runtime._install.prebuilt import Asset, Host, Release
 
 TAG = "b11312"
 # The names release.yml gives a release's archives (b11312's set).

@@ -1,4 +1,4 @@
-"""runtime/process.py's shared helpers: the health wait both server starts and the install's smoke run use,
+"""runtime/_common/process.py's shared helpers: the health wait both server starts and the install's smoke run use,
 free ports, and stopping a child."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from gguf_provider.errors import ServerStartError
-from gguf_provider.runtime import process
+from gguf_provider.runtime._common import process
 from tests.support.timing import REACT
 
 
@@ -101,7 +101,7 @@ def test_a_child_forked_with_dies_with_parent_dies_with_it() -> None:
     keeps `rpc-worker`'s rpc-server and private llama-servers from outliving us)."""
     parent = subprocess.Popen([sys.executable, "-c", (
         "import subprocess, sys, time\n"
-        "from gguf_provider.runtime.process import dies_with_parent\n"
+        "from gguf_provider.runtime._common.process import dies_with_parent\n"
         "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], preexec_fn=dies_with_parent())\n"
         "print(child.pid, flush=True)\n"
         "time.sleep(600)\n")], stdout=subprocess.PIPE, start_new_session=True)

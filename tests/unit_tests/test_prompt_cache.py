@@ -1,4 +1,4 @@
-"""The prompt cache's pure parts (runtime/prompt_cache.py): sizes, the slot file's tokens, keying, sidecar checks,
+"""The prompt cache's pure parts (runtime/_serve/prompt_cache.py): sizes, the slot file's tokens, keying, sidecar checks,
 the LRU disk bound, the choice of a saved prompt, and the option's place in the command line and the identity.
 tests/integration_tests/test_prompt_cache.py runs it against real servers."""
 
@@ -16,12 +16,12 @@ import httpx
 import pytest
 
 from gguf_provider.errors import PromptCacheWarning
-from gguf_provider.runtime import prompt_cache as pc
-from gguf_provider.runtime import registry, server_options
-from gguf_provider.runtime.argv import build_argv
-from gguf_provider.runtime.discovery import ServerCapabilities
-from gguf_provider.runtime.process import Address
-from gguf_provider.runtime.server_options import ServerSpec
+from gguf_provider.runtime._common.process import Address
+from gguf_provider.runtime._install.discovery import ServerCapabilities
+from gguf_provider.runtime._serve import prompt_cache as pc
+from gguf_provider.runtime._serve import registry, server_options
+from gguf_provider.runtime._serve.argv import build_argv
+from gguf_provider.runtime._serve.server_options import ServerSpec
 
 
 def slot_file(path: Path, tokens: list[int], *, packed: bool = True, state: bytes = b"\0" * 64,

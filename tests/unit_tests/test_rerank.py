@@ -19,10 +19,12 @@ import gguf_provider
 from gguf_provider import cli
 from gguf_provider.engine import RERANK_BATCH, Engine, EngineConfig, RerankResult, best_first
 from gguf_provider.errors import APIError, ContextOverflowError, ModelError, NotARerankerError
-from gguf_provider.runtime import discovery, gguf, server_options
-from gguf_provider.runtime.discovery import ServerCapabilities
-from gguf_provider.runtime.manager import ServerSpec, build_argv
-from gguf_provider.runtime.process import Address
+from gguf_provider.runtime._common import gguf
+from gguf_provider.runtime._common.process import Address
+from gguf_provider.runtime._install import discovery
+from gguf_provider.runtime._install.discovery import ServerCapabilities
+from gguf_provider.runtime._serve import server_options
+from gguf_provider.runtime._serve.manager import ServerSpec, build_argv
 from tests.support.gguf_tables import write_gguf
 
 CAPS = ServerCapabilities(path="llama-server", version="test", flags={"--rerank": True, "--embedding": True})

@@ -15,10 +15,10 @@ import pytest
 from gguf_provider import ChatGGUF, GGUFEmbeddings, RPCWorkerUnreachableError
 from gguf_provider.engine import EngineConfig
 from gguf_provider.llama_index import GGUF, GGUFEmbedding
-from gguf_provider.runtime import fit, rpc
-from gguf_provider.runtime.discovery import ServerCapabilities
-from gguf_provider.runtime.manager import ServerSpec, build_argv, fit_memory, local_share
-from gguf_provider.runtime.process import Address
+from gguf_provider.runtime._common.process import Address
+from gguf_provider.runtime._install.discovery import ServerCapabilities
+from gguf_provider.runtime._memory import fit, rpc
+from gguf_provider.runtime._serve.manager import ServerSpec, build_argv, fit_memory, local_share
 from tests.support import gguf_bytes as gb
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +65,7 @@ def test_the_fit_counts_worker_devices_and_the_budget_only_the_local_share(tmp_p
     kvs = {"general.architecture": "llama", "llama.block_count": 30, "llama.context_length": 8192,
            "llama.embedding_length": 576, "llama.attention.head_count": 9, "llama.attention.head_count_kv": 3}
     path.write_bytes(gb.gguf(*(gb.encode(k, v) for k, v in kvs.items())))
-    from gguf_provider.runtime.gguf import read_header
+    from gguf_provider.runtime._common.gguf import read_header
 
     header = read_header(path)
     workers = [rpc.WorkerInfo("h:1", "7.0.0", (4 << 30,), (8 << 30,)),

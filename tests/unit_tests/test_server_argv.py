@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from gguf_provider.runtime.discovery import ServerCapabilities
-from gguf_provider.runtime.manager import ServerSpec, build_argv
-from gguf_provider.runtime.process import Address, clean_env
+from gguf_provider.runtime._common.process import Address, clean_env
+from gguf_provider.runtime._install.discovery import ServerCapabilities
+from gguf_provider.runtime._serve.manager import ServerSpec, build_argv
 
 CAPS = ServerCapabilities(path="llama-server", version="test", flags={
     "--jinja": True, "--no-webui": True, "--offline": True, "--kv-unified": True, "--api-key-file": True})
@@ -101,7 +101,7 @@ def test_context_overflow_inside_a_200_stream() -> None:
 ])
 def test_embedding_pooling_comes_from_the_header_unless_asked(
         tmp_path: Path, arch: str, pooling_type: int | None, asked: str | None, flag: str | None) -> None:
-    from gguf_provider.runtime.gguf import read_header
+    from gguf_provider.runtime._common.gguf import read_header
     from tests.support.gguf_bytes import encode, gguf
 
     kvs = [encode("general.architecture", arch), encode(f"{arch}.context_length", 512)]
@@ -205,7 +205,7 @@ def test_a_draft_with_a_quantized_cache_quantizes_the_drafts_cache_too() -> None
 
 
 def test_a_build_without_speculation_gets_no_flags() -> None:
-    from gguf_provider.runtime import speculative
+    from gguf_provider.runtime._serve import speculative
 
     for mode in ("auto", "ngram-mod"):
         assert not [a for a in _argv(CAPS, speculative=mode) if a.startswith("--spec")]
@@ -228,7 +228,7 @@ def test_speculation_and_cache_type_are_part_of_the_server_identity(tmp_path: Pa
     assert ServerSpec(model=model, speculative="auto", n_ctx=2048).family(binary) == base.family(binary)
 
 
-# --- each server option declared once (runtime/server_options.py) ------------------------------------------------
+# --- each server option declared once (runtime/_serve/server_options.py) ------------------------------------------------
 
 
 def test_the_typed_fields_agree_with_the_declarations() -> None:
@@ -238,7 +238,7 @@ def test_the_typed_fields_agree_with_the_declarations() -> None:
     import dataclasses
 
     from gguf_provider.engine import EngineConfig
-    from gguf_provider.runtime import server_options
+    from gguf_provider.runtime._serve import server_options
 
     config = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
     spec = {f.name: f.default for f in dataclasses.fields(ServerSpec)}
@@ -256,7 +256,7 @@ def test_the_typed_fields_agree_with_the_declarations() -> None:
 
 def test_the_adapters_server_fields_are_made_from_the_declarations() -> None:
     from gguf_provider import ChatGGUF, GGUFEmbeddings
-    from gguf_provider.runtime import server_options
+    from gguf_provider.runtime._serve import server_options
 
     for o in server_options.OPTIONS:
         for cls, has in ((ChatGGUF, o.group in ("server", "chat")),
@@ -270,7 +270,8 @@ def test_the_adapters_server_fields_are_made_from_the_declarations() -> None:
 
 
 def test_what_an_option_needs_is_what_the_probe_reads() -> None:
-    from gguf_provider.runtime import discovery, server_options
+    from gguf_provider.runtime._install import discovery
+    from gguf_provider.runtime._serve import server_options
 
     needed = {flag for o in server_options.OPTIONS for flag in o.needs}
     assert needed and needed <= set(discovery.OPTIONAL_FLAGS)
@@ -288,7 +289,7 @@ def test_a_wrong_value_is_refused_by_the_same_check_everywhere() -> None:
 
 
 def test_the_family_leaves_out_the_context_by_name(tmp_path: Path) -> None:
-    from gguf_provider.runtime import server_options
+    from gguf_provider.runtime._serve import server_options
 
     model, binary = tmp_path / "m.gguf", tmp_path / "llama-server"
     model.write_bytes(b"GGUF")
@@ -299,7 +300,7 @@ def test_the_family_leaves_out_the_context_by_name(tmp_path: Path) -> None:
 
 
 def test_the_summary_names_what_differs_from_the_defaults() -> None:
-    from gguf_provider.runtime import server_options
+    from gguf_provider.runtime._serve import server_options
 
     spec = ServerSpec(model=Path("/m.gguf"), n_ctx=2048, rpc_servers=("h:1",), kv_cache_type="q8_0",
                       mmproj=Path("/p.gguf"))
@@ -309,8 +310,8 @@ def test_the_summary_names_what_differs_from_the_defaults() -> None:
 
 
 def test_ps_shows_the_options_the_registry_recorded() -> None:
-    from gguf_provider.runtime import server_options
-    from gguf_provider.runtime.registry import Entry
+    from gguf_provider.runtime._serve import server_options
+    from gguf_provider.runtime._serve.registry import Entry
     from gguf_provider.status import ServerStatus
 
     spec = ServerSpec(model=Path("/m.gguf"), n_ctx=2048, rpc_servers=("h:1",), kv_cache_type="q8_0", n_gpu_layers=9)

@@ -1,5 +1,5 @@
 """The llama-server command line and the server identity, for a table of option sets, exactly as captured before
-the server options were declared in one place (gguf_provider/runtime/server_options.py): the refactor moved no flag
+the server options were declared in one place (gguf_provider/runtime/_serve/server_options.py): the refactor moved no flag
 and no identity hash. Recaptured when `cache_reuse` joined (issue 31): `--cache-reuse` in chat argv, one more arg.
 
 Each case goes the whole way a config goes: ``EngineConfig`` → ``engine.resolve_spec`` (real local model files,
@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from gguf_provider.engine import EngineConfig, resolve_spec
-from gguf_provider.runtime.discovery import ServerCapabilities
-from gguf_provider.runtime.manager import build_argv
-from gguf_provider.runtime.process import Address
+from gguf_provider.runtime._common.process import Address
+from gguf_provider.runtime._install.discovery import ServerCapabilities
+from gguf_provider.runtime._serve.manager import build_argv
 from tests.support.gguf_bytes import encode, gguf, rich_header, string
 
 GOLDEN = Path(__file__).parent / "data" / "server_argv_golden.json"

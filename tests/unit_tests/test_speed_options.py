@@ -19,10 +19,11 @@ from gguf_provider.engine import Engine, EngineConfig
 from gguf_provider.errors import DraftModelMismatchError, SpeculationWarning
 from gguf_provider.llama_index import GGUF, GGUFEmbedding
 from gguf_provider.options import UnknownOptionWarning
-from gguf_provider.runtime import budget, fit, speculative
-from gguf_provider.runtime.discovery import ServerCapabilities, help_choices
-from gguf_provider.runtime.gguf import read_header, read_vocabulary
-from gguf_provider.runtime.manager import check_cache_type
+from gguf_provider.runtime._common.gguf import read_header, read_vocabulary
+from gguf_provider.runtime._install.discovery import ServerCapabilities, help_choices
+from gguf_provider.runtime._memory import fit
+from gguf_provider.runtime._serve import budget, speculative
+from gguf_provider.runtime._serve.manager import check_cache_type
 from tests.support import gguf_bytes as gb
 from tests.support.replay import BASE_URL, load_replay
 

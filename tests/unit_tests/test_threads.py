@@ -1,4 +1,4 @@
-"""Threads that add up (runtime/threads.py): the cores split among our CPU servers at each start, the user's
+"""Threads that add up (runtime/_common/threads.py): the cores split among our CPU servers at each start, the user's
 choice kept, none written for a model offloaded whole, the count in the registry (what `ps` shows), and the
 OpenMP spin of llama.cpp's barrier kept short in every server we start. The speeds: bench P19, and
 tests/integration_tests/test_threads_real.py."""
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from gguf_provider.engine import EngineConfig
-from gguf_provider.runtime import process, threads
-from gguf_provider.runtime.devices import Device
+from gguf_provider.runtime._common import process, threads
+from gguf_provider.runtime._memory.devices import Device
 from tests.unit_tests.test_manager_races import World
 
 GiB = 1 << 30

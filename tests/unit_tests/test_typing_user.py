@@ -28,7 +28,7 @@ from pydantic import BaseModel, SecretStr
 
 from gguf_provider import ChatGGUF, GGUFEmbeddings, GGUFRerank, options
 from gguf_provider.llama_index import GGUF, GGUFEmbedding, GGUFRerankPostprocessor
-from gguf_provider.runtime import server_options
+from gguf_provider.runtime._serve import server_options
 from scripts import gen_reference
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from gguf_provider.engine import Engine, EngineConfig
-from gguf_provider.runtime import devices, gguf, installed
+from gguf_provider.runtime._common import gguf
+from gguf_provider.runtime._install import installed
+from gguf_provider.runtime._memory import devices
 from tests.support.probs import assert_same_distribution, next_token_probs
 from tests.support.runtime import RuntimeEnv, wait_until
 

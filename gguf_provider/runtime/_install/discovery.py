@@ -1,0 +1,189 @@
+"""Find the llama-server binary to use and probe what it supports. Finding never installs: that is
+:func:`.install.ensure_installed`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ...errors import BinaryNotFoundError, GGUFProviderError
+from .._common import paths
+from . import installed
+
+COMMON_BUILD_DIRS = ("~/llama.cpp/build/bin", "~/.unsloth/llama.cpp/build/bin")
+
+# Optional flags whose presence we probe in --help rather than trusting version numbers.
+OPTIONAL_FLAGS = (
+    "--jinja", "--alias", "--no-webui", "--offline", "--api-key-file", "--metrics", "--fit", "--fit-ctx",
+    "--sleep-idle-seconds", "--reasoning-format", "--reasoning-budget", "--chat-template-file",
+    "--chat-template-kwargs", "--kv-unified", "--embedding", "--pooling", "--rpc", "--mmproj", "--slots",
+    "--no-mmap", "--flash-attn", "--cache-reuse", "--props", "--spec-default", "--spec-type", "--spec-draft-model",
+    "--model-draft", "--cache-type-k", "--cache-type-v", "--spec-draft-type-k", "--spec-draft-type-v",
+    "--cache-type-k-draft", "--cache-type-v-draft", "--rerank", "--slot-save-path",
+)
+# Flags whose allowed values we read from --help: `--spec-type a,b,c`, `allowed values: a, b` below the flag,
+# `[a|b|c]` or `{a,b,c}` after it.
+CHOICE_FLAGS = ("--spec-type", "--cache-type-k", "--cache-type-v", "--flash-attn")
+
+
+NOT_FOUND = ("no llama-server binary found. Run `gguf-provider server install` (llama.cpp's prebuilt archive in "
+             "seconds, else a source build of about 8 minutes on 2 cores), or point $GGUF_PROVIDER_LLAMA_SERVER at "
+             "your own build.")
+
+AUTO_INSTALL_MODES = {"1": "auto", "auto": "auto", "true": "auto", "yes": "auto", "on": "auto",
+                      "prebuilt": "prebuilt", "0": "off", "false": "off", "no": "off", "off": "off"}
+
+
+def locate(explicit: str | os.PathLike[str] | None = None) -> tuple[Path, str] | None:
+    """``(binary, how it was found)`` by the documented discovery order, or None when nothing is there.
+
+    explicit ``llama_server=`` → ``$GGUF_PROVIDER_LLAMA_SERVER`` → ``$LLAMA_SERVER_PATH`` → ``llama-server`` on
+    PATH → our installed build → common build dirs. An explicit choice that is not an executable raises
+    BinaryNotFoundError (no fall-through).
+    """
+    for origin, value in (("llama_server=", explicit),
+                          ("$GGUF_PROVIDER_LLAMA_SERVER", os.environ.get("GGUF_PROVIDER_LLAMA_SERVER")),
+                          ("$LLAMA_SERVER_PATH", os.environ.get("LLAMA_SERVER_PATH"))):
+        if value:
+            path = Path(value).expanduser()
+            if path.is_dir():
+                path = path / paths.exe("llama-server")
+            if not (path.is_file() and os.access(path, os.X_OK)):
+                raise BinaryNotFoundError(f"{origin} points to {path}, which is not an executable llama-server")
+            return path, origin
+    on_path = shutil.which("llama-server")
+    if on_path:
+        return Path(on_path), "PATH"
+    inst = installed.any_installed()
+    if inst is not None:
+        return inst.server, "installed by gguf-provider server install"
+    for d in COMMON_BUILD_DIRS:
+        cand = Path(d).expanduser() / paths.exe("llama-server")
+        if cand.is_file() and os.access(cand, os.X_OK):
+            return cand, f"common build dir {d}"
+    return None
+
+
+def auto_install_mode() -> str:
+    """``$GGUF_PROVIDER_AUTO_INSTALL``: "auto" (default: prebuilt, else source), "prebuilt" or "off"."""
+    value = os.environ.get("GGUF_PROVIDER_AUTO_INSTALL", "auto").strip().lower() or "auto"
+    if value not in AUTO_INSTALL_MODES:
+        raise ValueError(f"GGUF_PROVIDER_AUTO_INSTALL={value!r}: use 1/auto, prebuilt or 0/off")
+    return AUTO_INSTALL_MODES[value]
+
+
+def find_llama_server(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """The llama-server binary, by the discovery order of :func:`locate`; BinaryNotFoundError when there is none.
+
+    It never installs one: :func:`.install.ensure_installed` does, on a model's first start.
+    """
+    found = locate(explicit)
+    if found is None:
+        raise BinaryNotFoundError(NOT_FOUND)
+    return found[0]
+
+
+def parse_version(text: str, default: str = "unknown") -> str:
+    """The version in ``llama-server --version``'s output: what follows "version:", else its first line."""
+    m = re.search(r"version:\s*(.+)", text)
+    return m.group(1).strip() if m else (text.strip().splitlines() or [default])[0]
+
+
+@dataclass
+class ServerCapabilities:
+    """What a llama-server binary reports about itself."""
+
+    path: str
+    version: str
+    flags: dict[str, bool] = field(default_factory=dict)
+    choices: dict[str, list[str]] = field(default_factory=dict)  # allowed values of CHOICE_FLAGS, as --help lists
+
+    def supports(self, flag: str) -> bool:
+        return self.flags.get(flag, False)
+
+    def allowed(self, flag: str) -> list[str]:
+        """The values ``--help`` lists for ``flag`` (empty when it lists none or the flag is absent)."""
+        return self.choices.get(flag, [])
+
+
+def _cache_key(binary: Path) -> str:
+    st = binary.stat()
+    return hashlib.sha256(f"{binary.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:24]
+
+
+def probe(binary: Path) -> ServerCapabilities:
+    """Version and optional flags of ``binary``, from ``--version`` and ``--help``; cached per binary."""
+    cache = paths.home() / "probe-cache"
+    key = _cache_key(binary)
+    cached = cache / f"{key}.json"
+    try:
+        data = json.loads(cached.read_text())
+        if not set(OPTIONAL_FLAGS) <= set(data["flags"]):
+            raise KeyError("a flag probed since")  # written before a flag joined OPTIONAL_FLAGS: probe again
+        return ServerCapabilities(path=str(binary), version=data["version"], flags=data["flags"],
+                                  choices=data["choices"])
+    except (OSError, ValueError, KeyError):  # also a cache written before `choices` existed: probe again
+        pass
+    caps = probe_uncached(binary)
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"version": caps.version, "flags": caps.flags, "choices": caps.choices}))
+    os.replace(tmp, cached)
+    return caps
+
+
+def probe_uncached(binary: Path) -> ServerCapabilities:
+    """Run ``--version`` and ``--help`` (the install's smoke run uses this on a staged binary)."""
+    try:
+        ver = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30)
+        hlp = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise GGUFProviderError(f"{binary} could not be run ({exc}); is it built for this machine?") from exc
+    if hlp.returncode != 0:
+        raise GGUFProviderError(
+            f"{binary} --help failed with exit code {hlp.returncode}: {(hlp.stderr or hlp.stdout)[-300:]}"
+        )
+    version = parse_version(ver.stdout + ver.stderr)
+    help_text = hlp.stdout + hlp.stderr
+    flags = {f: re.search(rf"(^|[\s,]){re.escape(f)}([\s,=]|$)", help_text, re.M) is not None for f in OPTIONAL_FLAGS}
+    choices = {f: found for f in CHOICE_FLAGS if (found := help_choices(help_text, f))}
+    return ServerCapabilities(path=str(binary), version=version, flags=flags, choices=choices)
+
+
+def help_choices(help_text: str, flag: str) -> list[str]:
+    """The values llama-server's ``--help`` allows for ``flag``: a comma list as its metavar (``--spec-type
+    none,ngram-mod,...``), ``[on|off|auto]`` / ``{a,b}`` after it, or an ``allowed values:`` line in its entry."""
+    lines = help_text.splitlines()
+    for i, line in enumerate(lines):
+        if not line.startswith("-"):
+            continue
+        names, metavar = [], ""
+        words = line.split()
+        for j, word in enumerate(words):  # "-ctk,  --cache-type-k TYPE   description..."
+            if not word.startswith("-"):
+                break
+            names.append(word.rstrip(","))
+            if not word.endswith(","):
+                metavar = words[j + 1] if j + 1 < len(words) else ""
+                break
+        if flag not in names:
+            continue
+        if re.fullmatch(r"[a-z0-9_.-]+(,[a-z0-9_.-]+)+", metavar):
+            return metavar.split(",")
+        bracket = re.fullmatch(r"[\[{]([a-z0-9_.|,-]+)[\]}]", metavar)
+        if bracket:
+            return re.split(r"[|,]", bracket.group(1))
+        for below in lines[i + 1:]:
+            if below[:1].strip():  # the next option's entry starts at column 0
+                break
+            allowed = re.search(r"allowed values:\s*(.+)", below)
+            if allowed:
+                return [v.strip() for v in allowed.group(1).split(",") if v.strip()]
+        return []
+    return []

@@ -1,0 +1,50 @@
+"""The llama-server command line of one start, pure: the head (binary, model, alias, context, address) written here,
+then each declared option's flags (:data:`.server_options.OPTIONS`, in command-line order)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .._common.process import Address
+from .._install.discovery import ServerCapabilities
+from .server_options import (
+    EMBED_UBATCH_MAX,
+    IN_ARGV_ORDER,
+    POOLING_NAMES,
+    Build,
+    ServerSpec,
+    cache_type_args,
+    check_cache_type,
+    embedding_pooling,
+    user_ubatch,
+)
+
+SAFETY_FLAGS = ("--jinja", "--no-webui", "--offline")  # passed when the build has them
+# `/metrics` for `ps` (runtime/_serve/metrics.py), passed when the build has it. Like the flags above it is no part of a
+# server's identity: a server started without it is still attached and shared; `ps` shows "–" for its live numbers.
+METRICS_FLAG = "--metrics"
+
+
+def build_argv(spec: ServerSpec, binary: Path, caps: ServerCapabilities, alias: str, n_ctx: int,
+               address: Address, api_key_file: Path | None, *, header_pooling: int | None = None,
+               placement: tuple[str, ...] = (), slot_save_path: Path | None = None,
+               recurrent: bool = False, threads: int | None = None) -> list[str]:
+    argv = [str(binary), "-m", str(spec.model), "--alias", alias, "-c", str(n_ctx)]
+    argv += [flag for flag in (*SAFETY_FLAGS, METRICS_FLAG) if caps.supports(flag)]
+    if address.socket:
+        argv += ["--host", address.socket]
+    else:
+        assert address.url is not None
+        port = address.url.rsplit(":", 1)[1]
+        argv += ["--host", "127.0.0.1", "--port", port]
+    if api_key_file is not None:
+        argv += ["--api-key-file", str(api_key_file)]
+    build = Build(caps=caps, n_ctx=n_ctx, header_pooling=header_pooling, placement=placement,
+                  slot_save_path=slot_save_path, recurrent=recurrent, threads=threads)
+    for option in IN_ARGV_ORDER:
+        argv += option.flags_for(spec, build)
+    return argv
+
+
+__all__ = ["EMBED_UBATCH_MAX", "METRICS_FLAG", "POOLING_NAMES", "SAFETY_FLAGS", "build_argv", "cache_type_args",
+           "check_cache_type", "embedding_pooling", "user_ubatch"]
