@@ -26,7 +26,7 @@ def _bar(total: int, desc: str) -> Any:
 
 
 def cmd_server_install(args: argparse.Namespace) -> int:
-    from .runtime._install import backend, install, installed
+    from .runtime import default
 
     bar: Any = None
 
@@ -46,70 +46,53 @@ def cmd_server_install(args: argparse.Namespace) -> int:
         return 2
     t0 = time.monotonic()
     try:
-        inst = install.install(args.backend or "auto", method=args.method, force=args.force,
-                               cmake_args=args.cmake_arg, progress=progress)
+        # A named backend is the one used from now on, though the machine would pick another; none: the machine's.
+        inst = default().install(args.backend or "auto", method=args.method, force=args.force,
+                                 cmake_args=args.cmake_arg, progress=progress)
     finally:
         if bar is not None:
             bar.close()
-    # A named backend is the one used from now on, though the machine would pick another; none named: the machine's.
-    installed.name_backend(inst.backend if args.backend not in (None, "auto") else None)
     took = time.monotonic() - t0
     what = "installed" if inst.fresh else "already installed"
     print(f"llama-server {what}: {inst.server} ({inst.version}, backend {inst.backend}, {inst.describe()}, "
           f"{took:.1f} s)")
-    print(backend.judge(inst.server, inst.backend, backend.current_host()).line)  # which backend and why
+    print(default().backend(inst.server).line)  # which backend and why
     return 0
 
 
 def cmd_server_info(args: argparse.Namespace) -> int:
-    from .runtime._install import backend, discovery, install
-    from .runtime._memory.rpc import NAMES as rpc_names
+    from .runtime import default
 
-    found = discovery.locate()
-    if found is None:
+    info = default().server_info()
+    if info is None:
         print("no llama-server found: run `gguf-provider server install`", file=sys.stderr)
         return 1
-    path, how = found
-    caps = discovery.probe(path)
-    ours = next((i for i in install.installations() if i.server.resolve() == path.resolve()), None)
-    tools = sorted(p.name for p in path.parent.iterdir()
-                   if p.name.removesuffix(".exe") in (*rpc_names, "llama-gguf-split", "llama-quantize"))
-    info: dict[str, Any] = {
-        "path": str(path), "found_by": how, "version": caps.version,
-        "origin": ours.describe() if ours else "not installed by gguf-provider",
-        "install": ours.marker if ours else None,
-        "tools": tools,
-        "flags": caps.flags,
-    }
-    verdict = backend.in_use(path)
-    info["backend"] = {"build": verdict.build, "chosen": verdict.choice.backend, "why": verdict.why,
-                       "host": backend.current_host().to_json()}
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
-    print(f"path:     {path}\nfound by: {how}\nversion:  {caps.version}\norigin:   {info['origin']}")
-    print(f"backend:  {verdict.why}")
-    print(f"beside:   {', '.join(tools) or 'no rpc-server or tools'}")
+    print(f"path:     {info['path']}\nfound by: {info['found_by']}\nversion:  {info['version']}\n"
+          f"origin:   {info['origin']}")
+    print(f"backend:  {info['backend']['why']}")
+    print(f"beside:   {', '.join(info['tools']) or 'no rpc-server or tools'}")
     print("flags:")
-    for flag, ok in sorted(caps.flags.items()):
+    for flag, ok in sorted(info["flags"].items()):
         print(f"  {'yes' if ok else 'no ':3} {flag}")
     return 0
 
 
 def cmd_server_path(args: argparse.Namespace) -> int:
-    from .runtime._install import backend
-    from .runtime._install.discovery import find_llama_server
+    from .runtime import default
 
-    path = find_llama_server()
+    path = default().find_binary()
     print(path)  # stdout is the bare path (scripts read it); `server install` installs
-    print(f"gguf-provider: {backend.in_use(path).why}", file=sys.stderr)
+    print(f"gguf-provider: {default().backend(path).why}", file=sys.stderr)
     return 0
 
 
 def cmd_server_version(args: argparse.Namespace) -> int:
-    from .runtime._install.discovery import find_llama_server, probe
+    from .runtime import default
 
-    caps = probe(find_llama_server())
+    caps = default().capabilities(default().find_binary())
     if args.json:
         print(json.dumps({"path": caps.path, "version": caps.version, "flags": caps.flags}, indent=2))
         return 0
@@ -120,10 +103,10 @@ def cmd_server_version(args: argparse.Namespace) -> int:
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
-    from .status import memory_budget, running_servers
+    from .runtime import default
 
-    rows = running_servers(live=True)  # each server's /metrics, all at once, "–" after a bounded wait
-    budget = memory_budget(rows)
+    now_running = default().status(live=True)  # each server's /metrics, all at once, "–" after a bounded wait
+    rows, budget = now_running.servers, now_running.budget
     if args.json:
         print(json.dumps({"servers": [dataclasses.asdict(r) for r in rows], "budget": dataclasses.asdict(budget)},
                          indent=2))
@@ -143,20 +126,20 @@ def cmd_ps(args: argparse.Namespace) -> int:
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
-    from .runtime._install import discovery
-    from .runtime._memory import devices, rpc
+    from .runtime import default
+    from .runtime._memory import rpc
 
     try:
         workers = rpc.normalize(args.rpc)
     except ValueError as exc:
         print(f"gguf-provider: error: --rpc: {exc}", file=sys.stderr)
         return 2
-    found = discovery.locate()
     try:
-        listed = devices.machine_devices(found[0] if found else None, rpc=workers)
+        seen = default().devices(workers)
     except ValueError as exc:  # a malformed $GGUF_PROVIDER_DEVICE_LIMIT
         print(f"gguf-provider: error: {exc}", file=sys.stderr)
         return 2
+    listed, found, workers = seen.devices, seen.seen_by, seen.workers
     if workers and not any(d.kind == "rpc" for d in listed):
         print(f"gguf-provider: warning: no RPC device listed for {','.join(workers)}: is `gguf-provider rpc-worker` "
               "running there and reachable?", file=sys.stderr)
@@ -168,41 +151,26 @@ def cmd_devices(args: argparse.Namespace) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for r in rows:
         print("  ".join([*(c.ljust(w) for c, w in zip(r[:3], widths, strict=True)), r[3]]))
-    print(f"as seen by {found[0]}" if found else
+    print(f"as seen by {found}" if found else
           "no llama-server found (`gguf-provider server install`): GPUs from nvidia-smi")
     return 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .runtime._common import gguf
-    from .runtime._install import discovery
-    from .runtime._memory import devices, plan, rpc
-    from .runtime._models import resolve_model
+    from .runtime import ModelRef, default
 
     try:
-        named = devices.number_devices([devices.parse_device_arg(d) for d in args.device])
-        workers = rpc.normalize(args.rpc)
-        devices.device_limits()  # a malformed $GGUF_PROVIDER_DEVICE_LIMIT is said before anything runs
+        made = default().plan(ModelRef(args.spec, quant=args.quant), devices=args.device, rpc=args.rpc,
+                              n_ctx=args.ctx, n_gpu_layers=args.n_gpu_layers, kv_cache_type=args.kv_cache_type,
+                              speculative=args.speculative)
     except ValueError as exc:
         print(f"gguf-provider: error: {exc}", file=sys.stderr)
         return 2
-    model = resolve_model(args.spec, quant=args.quant)
-    header = gguf.read_header(model.path)
-    if named:
-        listed = named if any(d.kind == "cpu" for d in named) else [*named, devices.host_device()]
-        where = "the devices named"
-    else:
-        found = discovery.locate()
-        listed = devices.machine_devices(found[0] if found else None, rpc=workers)
-        where = f"this machine as {found[0]} sees it" if found else "this machine (no llama-server yet: nvidia-smi)"
-    outputs = plan.SPECULATIVE_OUTPUTS if args.speculative else 4
-    placed = plan.for_model(header, list(model.shards), listed, n_ctx=args.ctx, n_gpu_layers=args.n_gpu_layers,
-                            cache_type=args.kv_cache_type, model=model.path.name, n_outputs=outputs)
+    placed, where, extra = made.plan, made.where, made.speculative_extra
     if args.json:
         print(json.dumps(placed.to_json(), indent=2))
     else:
         print(placed.describe())
-        extra = plan.logits_bytes(header, plan.SPECULATIVE_OUTPUTS) - plan.logits_bytes(header)
         print(f"(planned for {where}; nothing was started. " + (
             "With speculative decoding's drafted logits on the output device." if args.speculative else
             f"Speculative decoding, the chat adapters' default, holds {extra / 2**20:,.0f} MiB more logits on the "
@@ -211,19 +179,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from .runtime._serve import registry
+    from .runtime import default
 
-    stopped = []
-    with registry.locked() as data:
-        for key in list(data):
-            if args.all or key.startswith(args.id or "\0"):
-                stopped.append(data.pop(key))
+    stopped = default().stop(None if args.all else args.id or "\0")
     for e in stopped:
-        if registry.server_alive(e):
-            registry.stop_entry(e)
+        if e.running:
             print(f"stopped pid {e.pid} ({e.model})")
         else:  # dead, or a pid now used by a process we did not start: only the entry goes
-            registry.stop_entry(e)
             print(f"removed the stale entry of pid {e.pid} (not our running server) ({e.model})")
     if not stopped:
         print("nothing to stop")
@@ -232,17 +194,17 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from .runtime._models import ModelRef, pull
+    from .runtime import ModelRef, default
 
-    resolved = pull(ModelRef(args.spec, quant=args.quant, vision=args.vision))
+    resolved = default().pull(ModelRef(args.spec, quant=args.quant, vision=args.vision))
     print(resolved.path)
     return 0
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from .status import local_models
+    from .runtime import default
 
-    models = local_models()
+    models = default().models()
     if args.json:
         print(json.dumps([dataclasses.asdict(m) for m in models], indent=2, default=str))
     elif not models:
@@ -281,8 +243,8 @@ RPC_WARNING = ("the RPC protocol has no authentication and no encryption: anyone
 
 
 def cmd_rpc_worker(args: argparse.Namespace) -> int:
+    from .runtime import default
     from .runtime._common.process import dies_with_parent, stop_child
-    from .runtime._install import install
     from .runtime._memory import rpc
 
     if not rpc.is_loopback(args.host) and not args.unauthenticated_ok:
@@ -291,7 +253,7 @@ def cmd_rpc_worker(args: argparse.Namespace) -> int:
               + "; pass --i-know-rpc-is-unauthenticated to listen there anyway (docs/distributed.md)",
               file=sys.stderr)
         return 2
-    binary = rpc.find_rpc_server(install.ensure_installed())
+    binary = rpc.find_rpc_server(default().binary())
     if binary is None:
         print("gguf-provider: error: no rpc-server found (beside llama-server, in our install or on PATH); "
               "`gguf-provider server install` builds one", file=sys.stderr)

@@ -29,22 +29,20 @@ from .errors import APIError, GGUFProviderError, RPCWorkerLostError, ServerConne
 from .events import Collector, Completion, Event
 from .lazy import LazyModule
 from .loops import LoopGuard
-from .runtime._common.cancel import Cancel
+from .runtime._common.cancel import Cancel, in_thread
 from .runtime._common.cancel import check as check_cancel
 from .runtime._common.model_source import ModelSource
 from .runtime._common.progress import Progress
 from .runtime._common.spec_fields import ResolvedOptions, SpecOptions
 from .runtime._serve import diagnose, prompt_cache, server_options
-from .runtime._serve.diagnose import rpc_lost as rpc_lost  # importable from here as before
 from .runtime._serve.health import DEFAULT_START_TIMEOUT
-from .runtime._serve.server_options import validate_cache_type as validate_cache_type  # its home before
 
 if TYPE_CHECKING:
     import httpx
 
     # The server manager (and what it needs to start servers: install, plan, budget, ...) loads at the first load():
     # importing an adapter does not pay for it.
-    from .runtime._serve import manager as mgr
+    from .runtime import Lease, ServerInfo
 
     Transport = httpx.BaseTransport | httpx.AsyncBaseTransport
 else:
@@ -101,11 +99,11 @@ def resolve_spec(cfg: EngineConfig, *, progress: Progress | None = None) -> serv
     """The server spec of ``cfg``: the model resolved (found, or downloaded), with its projector when ``mmproj`` is
     given (checked to be a projector file) or ``vision`` asks for the one beside the model or in its repo.
     ``progress`` (default: the config's) gets the download reports."""
-    from .runtime._models import ModelRef, resolve
+    from .runtime import ModelRef, default
     from .runtime._serve import speculative
 
     mode = speculative.OFF if cfg.embedding or cfg.rerank else speculative.normalize(cfg.speculative)
-    found = resolve(ModelRef.of(cfg, progress=progress if progress is not None else cfg.progress,
+    found = default().resolve(ModelRef.of(cfg, progress=progress if progress is not None else cfg.progress,
                                 draft=mode if speculative.is_draft(mode) else None))
     resolved = found.model
     draft: Path | None = None
@@ -136,15 +134,15 @@ class Engine:
         self.config = config
         self.transport = transport
         self._lock = threading.Lock()
-        self._lease: mgr.Lease | None = None
-        self._info: mgr.ServerInfo | None = None
+        self._lease: Lease | None = None
+        self._info: ServerInfo | None = None
         self._client: EngineClient | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._aloading = 0  # coroutines awaiting aload() now
 
     # lifecycle ----------------------------------------------------------------------------------------------
 
-    def _loaded(self) -> mgr.ServerInfo | None:
+    def _loaded(self) -> ServerInfo | None:
         """The server when it is up: every call's fast path (no lock; a process check for a server we started)."""
         info = self._info
         return info if info is not None and (self._lease is None or info.alive()) else None
@@ -153,11 +151,11 @@ class Engine:
         """Whether the server is up (nothing is started to find out)."""
         return self._loaded() is not None
 
-    def load(self) -> mgr.ServerInfo:
+    def load(self) -> ServerInfo:
         """Start (or attach to) the server, or return the running one."""
         return self._loaded() or self._load(None)[0]
 
-    async def aload(self) -> mgr.ServerInfo:
+    async def aload(self) -> ServerInfo:
         """:meth:`load` without blocking the event loop: the install, download, start and health wait run in a
         worker thread. Cancelling the awaiting coroutine stops the load at its next checkpoint
         (runtime/_common/cancel.py): a server it was starting is stopped and unregistered before the cancellation
@@ -165,27 +163,20 @@ class Engine:
         info = self._loaded()
         if info is not None:
             return info
-        cancel = Cancel()
         self._aloading += 1
-        work = asyncio.ensure_future(asyncio.to_thread(self._load, cancel))
         try:
-            return (await asyncio.shield(work))[0]
-        except asyncio.CancelledError:
-            cancel.set()
-            while not work.done():  # the thread notices within one checkpoint; wait for it, cancelled or not
-                try:
-                    await asyncio.wait({work})
-                except asyncio.CancelledError:
-                    continue
-            if not work.cancelled() and work.exception() is None and work.result()[1] and self._aloading == 1:
-                await asyncio.to_thread(self._abandon)  # loaded just as its caller left, for no one else
-            raise
+            return (await in_thread(self._load, abandon=self._abandon_if_alone))[0]
         finally:
             self._aloading -= 1
 
-    def _load(self, cancel: Cancel | None) -> tuple[mgr.ServerInfo, bool]:
+    def _abandon_if_alone(self, loaded: tuple[ServerInfo, bool]) -> None:
+        """A load whose caller left: given back when it started the server for no other coroutine."""
+        if loaded[1] and self._aloading == 1:
+            self._abandon()
+
+    def _load(self, cancel: Cancel | None) -> tuple[ServerInfo, bool]:
         """The server, and whether this call loaded it (False: another caller had meanwhile)."""
-        from .runtime._serve import manager as mgr
+        from .runtime import default as runtime
 
         with self._lock:
             info = self._loaded()
@@ -195,13 +186,12 @@ class Engine:
             check_cancel(cancel)
             cfg = self.config
             if cfg.base_url:
-                info = mgr.attach(cfg.base_url, cfg.api_key, timeout=min(cfg.timeout, 30.0),
-                                  transport=self.transport)
+                info = runtime().attach(cfg.base_url, cfg.api_key, timeout=min(cfg.timeout, 30.0),
+                                        transport=self.transport)
             else:
                 spec = resolve_spec(cfg, progress=cancel.progress(cfg.progress) if cancel is not None else None)
-                lease = mgr.get_manager().acquire(spec, shared=cfg.shared, keep_alive=cfg.keep_alive,
-                                                  start_timeout=cfg.start_timeout, progress=cfg.progress,
-                                                  cancel=cancel)
+                lease = runtime().acquire(spec, shared=cfg.shared, keep_alive=cfg.keep_alive,
+                                          start_timeout=cfg.start_timeout, progress=cfg.progress, cancel=cancel)
                 self._lease, info = lease, lease.info
                 # Give the lease back when this engine is garbage-collected, not only at exit (where the manager's
                 # atexit hook releases every lease).
@@ -232,7 +222,7 @@ class Engine:
             self._drop()
 
     @property
-    def info(self) -> mgr.ServerInfo:
+    def info(self) -> ServerInfo:
         return self.load()
 
     @property
@@ -587,7 +577,7 @@ class Engine:
         return Engine(replace(self.config, **changes), transport=self.transport)
 
 
-def _release_in_thread(lease: mgr.Lease) -> None:
+def _release_in_thread(lease: Lease) -> None:
     """A collected engine's release, in a thread of its own: a collection runs in whatever thread allocated at
     that moment (an event loop's, say), and a release may stop a server (keep_alive 0), which takes a moment."""
     try:
@@ -619,7 +609,7 @@ def _no_restore(restoring: prompt_cache.Match | None, exc: GGUFProviderError,
     return payload
 
 
-def _still_alive(info: mgr.ServerInfo, grace: float = 0.3) -> bool:
+def _still_alive(info: ServerInfo, grace: float = 0.3) -> bool:
     """Whether the server is still alive after up to ``grace`` seconds: a killed server closes its sockets a
     moment before it shows up as exited."""
     deadline = time.monotonic() + grace

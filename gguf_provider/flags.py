@@ -1,6 +1,6 @@
 """The llama-server options as command-line flags: ``gguf-provider serve``, ``embed``, ``rerank``, ``%gguf load``.
 
-Made from :data:`gguf_provider.runtime._serve.server_options.OPTIONS` by group, as the adapters' fields are, so an option
+Made from :data:`gguf_provider.runtime._serve.OPTIONS` by group, as the adapters' fields are, so an option
 declared there is a flag of these commands too: ``--name-with-dashes`` (a few keep the short names they had), its
 type and help from the declaration. A flag not given is left out and the
 :class:`~gguf_provider.engine.EngineConfig` default holds; a misspelled one is argparse's error.
@@ -14,7 +14,7 @@ import typing
 from collections.abc import Iterable
 from typing import Any
 
-from .runtime._serve import server_options
+from .runtime import OPTIONS, ServerOption
 
 GROUPS = ("server", "chat")  # a chat server's options: what `serve` and `%gguf load` start
 NAMES = {"n_ctx": ("--ctx", "--n-ctx"), "rpc_servers": ("--rpc",), "server_args": ("--server-arg",)}
@@ -24,16 +24,16 @@ METAVARS = {"n_ctx": "TOKENS", "rpc_servers": "HOST:PORT,...", "server_args": "A
 COMMA_LISTS = {"rpc_servers"}  # one flag, the items comma-separated (the option's normalizer splits them)
 
 
-def options(groups: Iterable[str] = GROUPS) -> list[server_options.ServerOption]:
+def options(groups: Iterable[str] = GROUPS) -> list[ServerOption]:
     wanted = set(groups)
-    return [o for o in server_options.OPTIONS if o.group in wanted]
+    return [o for o in OPTIONS if o.group in wanted]
 
 
-def names(o: server_options.ServerOption) -> tuple[str, ...]:
+def names(o: ServerOption) -> tuple[str, ...]:
     return NAMES.get(o.name, ("--" + o.name.replace("_", "-"),))
 
 
-def label(o: server_options.ServerOption) -> str:
+def label(o: ServerOption) -> str:
     """The flag as docs/reference.md shows it: ``--ctx``, ``--no-prompt-cache`` (a switch that is on by default)."""
     first = names(o)[0]
     return f"--no-{first[2:]}" if o.default is True else first

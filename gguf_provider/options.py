@@ -5,7 +5,7 @@ The adapters compose the groups (chat: :class:`ChatOptions`; embeddings: :class:
 framework's rule for unknown keyword arguments (:class:`LangChainExtras`, :class:`LlamaIndexExtras`). A new option
 is one field here plus the place in the runtime or in :mod:`gguf_provider.chat` that uses it: a field whose name is
 an :class:`~gguf_provider.engine.EngineConfig` field reaches the engine through :meth:`EngineOptions.engine_config`.
-A llama-server option is not declared here but in :data:`gguf_provider.runtime._serve.server_options.OPTIONS`: the server
+A llama-server option is not declared here but in :data:`gguf_provider.runtime.OPTIONS`: the server
 groups' fields (their type, default and description) are written from that table into
 :mod:`gguf_provider._server_fields` by ``scripts/gen_options.py``, so that type checkers see them, and a value is
 checked by its entry's ``normalize`` (:meth:`_Options._server_option`). ``docs/reference.md`` is generated from
@@ -44,12 +44,12 @@ from .engine import (
     RerankResult,
     env_api_key,
 )
-from .runtime._serve import server_options
-from .runtime._serve.health import DEFAULT_START_TIMEOUT
+from .runtime import DEFAULT_START_TIMEOUT, OPTIONS
 
 if TYPE_CHECKING:
     from dataclasses import InitVar
 
+_BY_NAME = {o.name: o for o in OPTIONS}  # the llama-server options (runtime.OPTIONS) by name
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty",
             "seed", "max_tokens")
 
@@ -83,7 +83,7 @@ class _Options(BaseModel):
     def _server_option(cls, value: Any, info: ValidationInfo) -> Any:
         """A llama-server option's value, checked by its declaration (the one check; ValueError says what is
         wrong)."""
-        option = server_options.BY_NAME.get(info.field_name or "")
+        option = _BY_NAME.get(info.field_name or "")
         return option.normalize(value) if option is not None and option.normalize is not None else value
 
     def extra_body(self) -> dict[str, Any]:
@@ -91,7 +91,7 @@ class _Options(BaseModel):
         return dict(getattr(self, self._extras_field)) if self._extras_field else {}
 
 
-# The model options are declared in runtime/_models/spec.py (ModelSource) and written into _ModelFields by
+# The model options are declared in runtime/_common/model_source.py (ModelSource) and written into _ModelFields by
 # scripts/gen_options.py; the group adds how to attach to a running server instead.
 class ModelOptions(_ModelFields, _Options):
     """Which model, and where it comes from."""

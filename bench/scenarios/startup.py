@@ -21,7 +21,8 @@ from gguf_provider.engine import Engine, EngineConfig
 from gguf_provider.events import TextDelta
 from gguf_provider.runtime._common import process
 from gguf_provider.runtime._install import discovery
-from gguf_provider.runtime._serve import manager
+from gguf_provider.runtime._serve.argv import build_argv
+from gguf_provider.runtime._serve.server_options import ServerSpec
 
 
 def run_child(args: list[str]) -> dict[str, float]:
@@ -86,9 +87,9 @@ def first_token_bare(cfg: Config, model: Path) -> float:
     """The same llama-server command line spawned by hand, /health polled every 5 ms: the floor."""
     binary = discovery.find_llama_server()
     caps = discovery.probe(binary)
-    spec = manager.ServerSpec(model=model, n_ctx=N_CTX, n_parallel=N_PARALLEL, server_args=cfg.server_args)
+    spec = ServerSpec(model=model, n_ctx=N_CTX, n_parallel=N_PARALLEL, server_args=cfg.server_args)
     port = process.free_port()
-    argv = manager.build_argv(spec, binary, caps, "bench-bare", N_CTX, process.Address(url=f"http://127.0.0.1:{port}"),
+    argv = build_argv(spec, binary, caps, "bench-bare", N_CTX, process.Address(url=f"http://127.0.0.1:{port}"),
                               None)
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=process.clean_env())

@@ -26,10 +26,11 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from .. import chat, flags, logs, status
+from .. import chat, flags, logs
 from ..engine import Engine, EngineConfig
 from ..errors import GGUFProviderError, ServerError
 from ..events import Collector, ReasoningDelta, TextDelta, Timings, ToolCallDelta, Usage
+from ..runtime import default as runtime
 from ..tools import function_tool, tool_name
 from .display import GGUFReply, ModelSummary, _LiveOutput, _Progress, _Table, call_text
 
@@ -305,7 +306,8 @@ class GGUFMagics(Magics):
                             engine.modalities())
 
     def _cmd_ps(self, args: list[str]) -> _Table:
-        servers = status.running_servers(live=True)
+        now_running = runtime().status(live=True)
+        servers = now_running.servers
         now = time.time()
         rows = [{"id": r.id, "pid": r.pid, "model": r.model.rsplit("/", 1)[-1], "ctx": r.ctx, "leases": r.leases,
                  "memory": f"{r.memory / 2**20:.0f} MiB", "last used": f"{now - r.last_used:.0f} s ago",
@@ -313,24 +315,20 @@ class GGUFMagics(Magics):
                  **({"workers": ", ".join(r.workers)} if any(s.workers for s in servers) else {}),
                  **({"devices": r.describe_placement() or "CPU"} if any(s.placement for s in servers) else {})}
                 for r in servers]
-        return _Table(rows, "no servers running", status.memory_budget(servers).describe())
+        return _Table(rows, "no servers running", now_running.budget.describe())
 
     def _cmd_devices(self, args: list[str]) -> _Table:
-        from ..runtime._install import discovery
-        from ..runtime._memory import devices, rpc
-
         p = _ArgParser(prog="%gguf devices", add_help=False)
         p.add_argument("--rpc", default="", metavar="HOST:PORT,...")
         ns = p.parse_args(args)
         try:
-            workers = rpc.normalize(ns.rpc)
+            seen = runtime().devices(ns.rpc)
         except ValueError as exc:
             raise UsageError(f"%gguf devices: {exc}") from None
-        found = discovery.locate()
-        listed = devices.machine_devices(found[0] if found else None, rpc=workers)
+        listed, found, workers = seen.devices, seen.seen_by, seen.workers
         rows = [{"name": d.name, "kind": d.kind, "description": d.description,
                  "free / total": f"{d.free / 2**30:.1f} / {d.total / 2**30:.1f} GiB"} for d in listed]
-        footer = (f"as seen by {found[0]}" if found else
+        footer = (f"as seen by {found}" if found else
                   "no llama-server found (`gguf-provider server install`): GPUs from nvidia-smi")
         if workers and not any(d.kind == "rpc" for d in listed):
             footer += f"; no RPC device listed for {','.join(workers)}: is `gguf-provider rpc-worker` running there?"
@@ -350,7 +348,7 @@ class GGUFMagics(Magics):
 
     def _cmd_list(self, args: list[str]) -> _Table:
         rows = [{"name": m.name, "size": f"{m.size_bytes / 2**20:.0f} MiB", "path": m.path}
-                for m in status.local_models()]
+                for m in runtime().models()]
         return _Table(rows, "no local models")
 
     def _cmd_unload(self, args: list[str]) -> None:

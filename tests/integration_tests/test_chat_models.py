@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field
 
 from gguf_provider.langchain import ChatGGUF
 from gguf_provider.langchain._utils import to_openai
-from gguf_provider.runtime._serve.manager import props_n_ctx
+from gguf_provider.runtime._serve.health import props_n_ctx
 from gguf_provider.tools import answered_calls, heal_tool_calls, only_repeats
 from tests.support import slots
 

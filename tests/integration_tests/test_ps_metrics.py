@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gguf_provider import chat, status
+from gguf_provider import chat
 from gguf_provider.engine import Engine, EngineConfig
+from gguf_provider.runtime import default as runtime
 from gguf_provider.runtime._common import process
 from gguf_provider.runtime._serve import metrics, registry
 from tests.support.runtime import RuntimeEnv, wait_until
@@ -60,7 +61,7 @@ def test_a_server_that_never_answers_shows_a_dash_within_the_bound(rt: RuntimeEn
     info = engine.load()
     # The same two reads with only the healthy server, timed here: the hung one may add `TOTAL_TIMEOUT`, no more.
     t0 = time.monotonic()
-    assert all(r.metrics is not None for r in status.running_servers(live=True))
+    assert all(r.metrics is not None for r in runtime().status(live=True).servers)
     live_s = time.monotonic() - t0
     t0 = time.monotonic()
     assert "live: gen " in rt.gguf_cli("ps").stdout
@@ -76,7 +77,7 @@ def test_a_server_that_never_answers_shows_a_dash_within_the_bound(rt: RuntimeEn
         with registry.locked() as data:
             data["f" * 24] = entry
         t0 = time.monotonic()
-        rows = status.running_servers(live=True)
+        rows = runtime().status(live=True).servers
         took = time.monotonic() - t0
         by_pid = {r.pid: r for r in rows}
         assert by_pid[hang.pid].metrics is None and by_pid[hang.pid].describe_metrics() == "–"

@@ -6,7 +6,7 @@ import pytest
 
 from gguf_provider.engine import Engine, EngineConfig
 from gguf_provider.errors import ServerConnectionError
-from gguf_provider.runtime._serve.manager import props_n_ctx
+from gguf_provider.runtime._serve.health import props_n_ctx
 from tests.support.runtime import RuntimeEnv
 
 pytestmark = pytest.mark.slow

@@ -13,6 +13,7 @@ import pytest
 
 from gguf_provider.runtime._serve import manager as mgr
 from gguf_provider.runtime._serve import registry
+from gguf_provider.runtime._serve.server_options import ServerSpec
 from tests.support.runtime import RuntimeEnv, pid_alive, wait_until
 from tests.support.timing import REACT
 
@@ -49,7 +50,7 @@ def test_kill9_of_only_client_next_manager_start_sweeps_orphan(rt: RuntimeEnv) -
     assert str(c.proc.pid) in rt.registry()[r["key"]]["leases"]
 
     manager = mgr.ServerManager()
-    lease = manager.acquire(mgr.ServerSpec(model=rt.model, n_ctx=2048))
+    lease = manager.acquire(ServerSpec(model=rt.model, n_ctx=2048))
     try:
         assert not pid_alive(r["server_pid"]), "the sweep at the manager's first acquire stops the orphan"
         assert lease.info.pid != r["server_pid"]
@@ -116,7 +117,7 @@ def test_foreign_server_survives_sweeps_and_stop_all(rt: RuntimeEnv) -> None:
 
         # A new manager's start sweeps too.
         manager = mgr.ServerManager()
-        with manager.acquire(mgr.ServerSpec(model=rt.model, n_ctx=1024)) as lease:
+        with manager.acquire(ServerSpec(model=rt.model, n_ctx=1024)) as lease:
             assert lease.info.pid != foreign.pid
         assert healthy()
 

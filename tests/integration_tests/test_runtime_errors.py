@@ -22,6 +22,7 @@ from gguf_provider.errors import (
     ServerStartError,
 )
 from gguf_provider.runtime._serve import manager as mgr
+from gguf_provider.runtime._serve.server_options import ServerSpec
 from tests.support.runtime import RuntimeEnv
 from tests.support.timing import REACT
 
@@ -44,7 +45,7 @@ def test_non_gguf_file_is_refused_before_spawn(rt: RuntimeEnv, tmp_path: Path) -
     with pytest.raises(GGUFFormatError, match="not a GGUF file"):
         Engine(EngineConfig(model_path=str(bad), n_ctx=2048)).chat(CHAT)
     with pytest.raises(GGUFFormatError, match="not a GGUF file"):  # the manager checks too, not only Engine
-        mgr.get_manager().acquire(mgr.ServerSpec(model=bad, n_ctx=2048))
+        mgr.get_manager().acquire(ServerSpec(model=bad, n_ctx=2048))
     took = time.monotonic() - t0
     assert took < 5  # typical ~0.14 s on a loaded 2-core machine; 35x
     _nothing_started(rt)

@@ -17,9 +17,9 @@ BUILD_TAG = "llama-cpp-python-0.3.36-cpu"
 
 
 def candidate_dirs() -> list[Path]:
-    from gguf_provider.runtime._install import install
+    from gguf_provider.runtime._install import installed
 
-    installs = [i.bin_dir for i in install.installations() if i.bin_dir.name != BUILD_TAG]
+    installs = [i.bin_dir for i in installed.installations() if i.bin_dir.name != BUILD_TAG]
     return [paths.bin_dir() / BUILD_TAG, *installs, paths.build_dir() / BUILD_TAG / "bin"]
 
 

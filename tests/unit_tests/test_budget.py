@@ -18,13 +18,13 @@ from tests.support.gguf_bytes import STANDINS
     ("123456", 123456), ("8G", 8 * 10**9), ("2TiB", 2 * 2**40),
 ])
 def test_sizes_parse(text: str, expected: int) -> None:
-    assert budget.parse_size(text) == expected
+    assert fit.parse_size(text) == expected
 
 
 @pytest.mark.parametrize("text", ["", "lots", "6 gigs", "-1GiB", "1e9"])
 def test_bad_sizes_are_refused(text: str) -> None:
     with pytest.raises(ValueError, match="not a memory size"):
-        budget.parse_size(text)
+        fit.parse_size(text)
 
 
 def test_the_environment_sets_the_limits(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,7 +14,8 @@ from gguf_provider.llama_index import GGUF
 from gguf_provider.runtime._common.process import Address
 from gguf_provider.runtime._install.discovery import ServerCapabilities
 from gguf_provider.runtime._serve import server_options
-from gguf_provider.runtime._serve.manager import ServerSpec, build_argv
+from gguf_provider.runtime._serve.argv import build_argv
+from gguf_provider.runtime._serve.server_options import ServerSpec
 
 CAPS = ServerCapabilities(path="llama-server", version="test", flags={"--jinja": True, "--cache-reuse": True})
 DEFAULT = server_options.DEFAULT_CACHE_REUSE

@@ -7,7 +7,7 @@ import pytest
 
 from gguf_provider.errors import ContextOverflowError
 from gguf_provider.limits import fit_text, may_exceed
-from gguf_provider.runtime._serve.manager import user_ubatch
+from gguf_provider.runtime._serve.server_options import user_ubatch
 
 CLS, SEP = 101, 102
 

@@ -310,9 +310,9 @@ def test_cpu_build_on_a_gpu_host_is_fitted_to_ram(tmp_path: Path, monkeypatch: p
     CUDA build) keeps the VRAM."""
     import json
 
-    from gguf_provider.runtime._install import install
+    from gguf_provider.runtime._install import install, installed
     from gguf_provider.runtime._memory import fit
-    from gguf_provider.runtime._serve import manager
+    from gguf_provider.runtime._serve import budget
 
     monkeypatch.setenv("GGUF_PROVIDER_HOME", str(tmp_path))
     monkeypatch.setattr(fit, "gpu_free_memory", lambda: (8 * 2**30,))
@@ -321,10 +321,10 @@ def test_cpu_build_on_a_gpu_host_is_fitted_to_ram(tmp_path: Path, monkeypatch: p
         d.mkdir(parents=True)
         (d / "llama-server").write_text("")
         (d / install.MARKER).write_text(json.dumps({"backend": backend, "version": "x"}))
-    assert install.backend_of(install.install_dir("cpu") / "llama-server") == "cpu"
-    assert not manager.fit_memory(install.install_dir("cpu") / "llama-server").has_gpu
-    assert manager.fit_memory(install.install_dir("cuda") / "llama-server").vram_free == (8 * 2**30,)
+    assert installed.backend_of(install.install_dir("cpu") / "llama-server") == "cpu"
+    assert not budget.fit_memory(install.install_dir("cpu") / "llama-server").has_gpu
+    assert budget.fit_memory(install.install_dir("cuda") / "llama-server").vram_free == (8 * 2**30,)
     other = tmp_path / "elsewhere" / "llama-server"
     other.parent.mkdir()
     other.write_text("")
-    assert install.backend_of(other) is None and manager.fit_memory(other).has_gpu
+    assert installed.backend_of(other) is None and budget.fit_memory(other).has_gpu

@@ -32,6 +32,7 @@ from gguf_provider.runtime._serve import budget as budget_mod
 from gguf_provider.runtime._serve import manager as mgr
 from gguf_provider.runtime._serve import registry, watchdog
 from gguf_provider.runtime._serve.registry import Entry, Registry
+from gguf_provider.runtime._serve.server_options import ServerSpec
 from tests.support.gguf_bytes import STANDINS
 
 # --- fakes ---------------------------------------------------------------------------------------------------------
@@ -258,8 +259,8 @@ class World:
         return mgr.ServerManager(registry=self.reg, launcher=self.launcher, health=self.health, clock=self.clock,
                                  budget=self.budget, installer=self.installer, pid=pid)
 
-    def spec(self, model: str = "smollm2", n_ctx: int = 2048) -> mgr.ServerSpec:
-        return mgr.ServerSpec(model=self.models[model], n_ctx=n_ctx)
+    def spec(self, model: str = "smollm2", n_ctx: int = 2048) -> ServerSpec:
+        return ServerSpec(model=self.models[model], n_ctx=n_ctx)
 
     def entry(self, lease: mgr.Lease) -> Entry:
         return self.reg.read()[lease.info.key]

@@ -18,7 +18,8 @@ import pytest
 from gguf_provider.runtime._common.process import Address
 from gguf_provider.runtime._install.discovery import ServerCapabilities
 from gguf_provider.runtime._serve import metrics
-from gguf_provider.runtime._serve.manager import ServerSpec, build_argv
+from gguf_provider.runtime._serve.argv import build_argv
+from gguf_provider.runtime._serve.server_options import ServerSpec
 
 DATA = Path(__file__).parent / "data" / "metrics"
 BODY = (DATA / "llama-server-metrics.prom").read_text()

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from gguf_provider.errors import MissingShardError, ModelNotFoundError, UnknownQuantError
-from gguf_provider.runtime import _models as models
 from gguf_provider.runtime._models import (
     ModelRef,
     list_local_models,
@@ -20,6 +19,7 @@ from gguf_provider.runtime._models import (
     resolve,
     resolve_model,
 )
+from gguf_provider.runtime._models import files as model_files
 from tests.support.gguf_bytes import STANDINS, StandIn
 
 
@@ -90,19 +90,19 @@ def test_parse_quant(name: str, expected: str | None) -> None:
 
 def test_select_rules() -> None:
     files = {"m-IQ4_K_M.gguf": 10, "m-Q8_0.gguf": 30, "m-Q4_K_M.gguf": 20, "m-Q2_K.gguf": 5, "mmproj-f16.gguf": 1}
-    group = models._group(files)
-    assert models._select(group, quant=None, filename=None, where="x").first == "m-Q4_K_M.gguf"
-    assert models._select(group, quant="iq4_k_m", filename=None, where="x").first == "m-IQ4_K_M.gguf"
+    group = model_files._group(files)
+    assert model_files._select(group, quant=None, filename=None, where="x").first == "m-Q4_K_M.gguf"
+    assert model_files._select(group, quant="iq4_k_m", filename=None, where="x").first == "m-IQ4_K_M.gguf"
     del files["m-Q4_K_M.gguf"]
-    assert models._select(models._group(files), quant=None, filename=None, where="x").first == "m-Q8_0.gguf"
+    assert model_files._select(model_files._group(files), quant=None, filename=None, where="x").first == "m-Q8_0.gguf"
     with pytest.raises(UnknownQuantError) as err:
-        models._select(models._group(files), quant="Q4_K_M", filename=None, where="x")
+        model_files._select(model_files._group(files), quant="Q4_K_M", filename=None, where="x")
     assert err.value.available == {"IQ4_K_M": 10, "Q8_0": 30, "Q2_K": 5}
     split = {"d/m-Q4_K_M-00001-of-00003.gguf": 1, "d/m-Q4_K_M-00003-of-00003.gguf": 1, "m-Q8_0.gguf": 9}
     with pytest.raises(MissingShardError, match="00002-of-00003"):
-        models._select(models._group(split), quant="Q4_K_M", filename=None, where="x")
+        model_files._select(model_files._group(split), quant="Q4_K_M", filename=None, where="x")
     # an incomplete split set is never a default choice
-    assert models._select(models._group(split), quant=None, filename=None, where="x").first == "m-Q8_0.gguf"
+    assert model_files._select(model_files._group(split), quant=None, filename=None, where="x").first == "m-Q8_0.gguf"
 
 
 
@@ -116,8 +116,8 @@ def test_select_rules() -> None:
 def test_default_quant_preference(quants: list[str], expected: str) -> None:
     sizes = {"Q2_K": 3, "Q4_K_S": 5, "IQ4_K_S": 5, "Q4_K_M": 6, "Q5_K_M": 7, "Q6_K": 8, "Q8_0": 9, "F16": 16,
              "BF16": 16}
-    group = models._group({f"m-{q}.gguf": sizes[q] for q in quants})
-    assert models._select(group, quant=None, filename=None, where="x").first == f"m-{expected}.gguf"
+    group = model_files._group({f"m-{q}.gguf": sizes[q] for q in quants})
+    assert model_files._select(group, quant=None, filename=None, where="x").first == f"m-{expected}.gguf"
 
 
 # --- local paths -----------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import pytest
 
 from gguf_provider.errors import BinaryNotFoundError, BuildError, PrebuiltInstallError
 from gguf_provider.runtime._common import paths
-from gguf_provider.runtime._install import discovery, install, prebuilt
+from gguf_provider.runtime._install import discovery, install, installed, prebuilt
 from gguf_provider.runtime._install.prebuilt import Asset, Host, Release
 
 TAG = "b11312"
@@ -486,7 +486,7 @@ def test_markers_record_the_origin_and_the_newest_install_wins(home: Path) -> No
                                  "commit 0c1e57098)")
     assert install.installed("cpu", origin="source").bin_dir == src  # type: ignore[union-attr]
     assert install.installed("cpu", origin="prebuilt", tag="b1") is None
-    assert install.backend_of(pre / "llama-server") == "cpu" and install.backend_of(src / "llama-server") == "cpu"
+    assert installed.backend_of(pre / "llama-server") == "cpu" and installed.backend_of(src / "llama-server") == "cpu"
     assert install.installed("vulkan") is None
     (pre / "llama-server").unlink()  # a marker without its binary is no installation
     assert install.installed("cpu").bin_dir == src  # type: ignore[union-attr]

@@ -24,7 +24,8 @@ from gguf_provider.runtime._common.process import Address
 from gguf_provider.runtime._install import discovery
 from gguf_provider.runtime._install.discovery import ServerCapabilities
 from gguf_provider.runtime._serve import server_options
-from gguf_provider.runtime._serve.manager import ServerSpec, build_argv
+from gguf_provider.runtime._serve.argv import build_argv
+from gguf_provider.runtime._serve.server_options import ServerSpec
 from tests.support.gguf_tables import write_gguf
 
 CAPS = ServerCapabilities(path="llama-server", version="test", flags={"--rerank": True, "--embedding": True})

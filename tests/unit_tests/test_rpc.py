@@ -18,7 +18,9 @@ from gguf_provider.llama_index import GGUF, GGUFEmbedding
 from gguf_provider.runtime._common.process import Address
 from gguf_provider.runtime._install.discovery import ServerCapabilities
 from gguf_provider.runtime._memory import fit, rpc
-from gguf_provider.runtime._serve.manager import ServerSpec, build_argv, fit_memory, local_share
+from gguf_provider.runtime._serve.argv import build_argv
+from gguf_provider.runtime._serve.budget import fit_memory, local_share
+from gguf_provider.runtime._serve.server_options import ServerSpec
 from tests.support import gguf_bytes as gb
 
 ROOT = Path(__file__).resolve().parents[2]

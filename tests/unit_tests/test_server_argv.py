@@ -8,7 +8,8 @@ import pytest
 
 from gguf_provider.runtime._common.process import Address, clean_env
 from gguf_provider.runtime._install.discovery import ServerCapabilities
-from gguf_provider.runtime._serve.manager import ServerSpec, build_argv
+from gguf_provider.runtime._serve.argv import build_argv
+from gguf_provider.runtime._serve.server_options import ServerSpec
 
 CAPS = ServerCapabilities(path="llama-server", version="test", flags={
     "--jinja": True, "--no-webui": True, "--offline": True, "--kv-unified": True, "--api-key-file": True})
@@ -310,9 +311,9 @@ def test_the_summary_names_what_differs_from_the_defaults() -> None:
 
 
 def test_ps_shows_the_options_the_registry_recorded() -> None:
+    from gguf_provider.runtime import ServerStatus
     from gguf_provider.runtime._serve import server_options
     from gguf_provider.runtime._serve.registry import Entry
-    from gguf_provider.status import ServerStatus
 
     spec = ServerSpec(model=Path("/m.gguf"), n_ctx=2048, rpc_servers=("h:1",), kv_cache_type="q8_0", n_gpu_layers=9)
     entry = Entry(pid=1, create_time=2.5, alias="gguf-provider-x", socket="/s.sock",

@@ -24,7 +24,7 @@ import pytest
 from gguf_provider.engine import EngineConfig, resolve_spec
 from gguf_provider.runtime._common.process import Address
 from gguf_provider.runtime._install.discovery import ServerCapabilities
-from gguf_provider.runtime._serve.manager import build_argv
+from gguf_provider.runtime._serve.argv import build_argv
 from tests.support.gguf_bytes import encode, gguf, rich_header, string
 
 GOLDEN = Path(__file__).parent / "data" / "server_argv_golden.json"

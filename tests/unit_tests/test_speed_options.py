@@ -23,7 +23,7 @@ from gguf_provider.runtime._common.gguf import read_header, read_vocabulary
 from gguf_provider.runtime._install.discovery import ServerCapabilities, help_choices
 from gguf_provider.runtime._memory import fit
 from gguf_provider.runtime._serve import budget, speculative
-from gguf_provider.runtime._serve.manager import check_cache_type
+from gguf_provider.runtime._serve.server_options import check_cache_type
 from tests.support import gguf_bytes as gb
 from tests.support.replay import BASE_URL, load_replay
 

@@ -9,12 +9,16 @@ is undone on the way out (a spawning server is stopped and unregistered by the m
 
 from __future__ import annotations
 
+import asyncio
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 from ...errors import LoadCancelled
 from .progress import Progress
 
-__all__ = ["Cancel"]
+__all__ = ["Cancel", "in_thread"]
+T = TypeVar("T")
 
 
 class Cancel:
@@ -49,3 +53,23 @@ class Cancel:
 def check(cancel: Cancel | None) -> None:
     if cancel is not None:
         cancel.check()
+
+
+async def in_thread(fn: Callable[[Cancel], T], *, abandon: Callable[[T], None] | None = None) -> T:
+    """``fn(cancel)`` in a worker thread, the event loop never waiting on it. Cancelling the awaiting task sets
+    ``cancel`` and waits for the thread to stop at its next checkpoint; a result it produced all the same goes to
+    ``abandon`` (in a thread too) before the cancellation propagates."""
+    cancel = Cancel()
+    work = asyncio.ensure_future(asyncio.to_thread(fn, cancel))
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        cancel.set()
+        while not work.done():  # the thread notices within one checkpoint; wait for it, cancelled or not
+            try:
+                await asyncio.wait({work})
+            except asyncio.CancelledError:
+                continue
+        if abandon is not None and not work.cancelled() and work.exception() is None:
+            await asyncio.to_thread(abandon, work.result())
+        raise

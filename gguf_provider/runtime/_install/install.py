@@ -30,11 +30,10 @@ import filelock
 
 from ...errors import BackendWarning, BinaryNotFoundError, BuildError, PrebuiltInstallError
 from .._common import host, paths, process
-from .._common.paths import exe as exe
+from .._common.paths import exe
 from .._common.progress import Progress
 from . import discovery, prebuilt
 from .backend import announce_once
-from .installed import BACKENDS as BACKENDS  # the `x as x` names are re-exported: they lived here before
 from .installed import (
     MARKER,
     SDIST_NAME,
@@ -49,9 +48,6 @@ from .installed import (
     read,
     resolve_backend,
 )
-from .installed import any_installed as any_installed
-from .installed import backend_of as backend_of
-from .installed import installations as installations
 
 SDIST_TREE = "vendor/llama.cpp"  # the llama.cpp tree inside the sdist (SDIST_NAME, pinned in installed.py)
 RPC_TARGET = "ggml-rpc-server"  # llama.cpp's RPC worker (GGML_RPC=ON); older trees and archives call it rpc-server

@@ -19,10 +19,6 @@ import os
 
 from .._common.model_source import ModelSource
 from .files import DEFAULT_QUANT_PREFERENCE, parse_quant, quant_matches
-from .files import MMPROJ_QUANT_PREFERENCE as MMPROJ_QUANT_PREFERENCE
-from .files import _group as _group  # tests call these two directly
-from .files import _select as _select
-from .files import human_size as human_size
 from .hub import list_cached
 from .local import list_models_dirs, resolve_mmproj
 from .resolve import pull, resolve, resolve_model

@@ -27,7 +27,6 @@ from .._common import paths
 from .._common.gguf import GGUFHeader
 from .._install import installed
 from .._memory import devices, fit, rpc
-from .._memory.fit import parse_size as parse_size  # re-exported: it lives with the other memory arithmetic
 from . import registry
 
 LIMIT_ENV = "GGUF_PROVIDER_MEMORY_LIMIT"
@@ -44,7 +43,7 @@ def memory_limit() -> int | None:
     if not raw:
         return None
     try:
-        return parse_size(raw)
+        return fit.parse_size(raw)
     except ValueError as exc:
         raise ValueError(f"${LIMIT_ENV}: {exc}") from None
 

@@ -53,17 +53,10 @@ from . import budget as budget_mod
 from . import diagnose, prompt_cache, registry, server_options
 from . import speculative as speculative_mod
 from .argv import build_argv
-from .budget import MemoryBudget, fit_memory, local_share
-from .health import DEFAULT_START_TIMEOUT as DEFAULT_START_TIMEOUT  # its home before
-from .health import HTTPHealth, Proc, props_n_ctx, read_props, speculating
+from .budget import MemoryBudget, local_share
+from .health import DEFAULT_START_TIMEOUT, HTTPHealth, Proc, props_n_ctx, read_props
 from .server_options import (
-    EMBED_UBATCH_MAX,
-    POOLING_NAMES,
     ServerSpec,
-    cache_type_args,
-    check_cache_type,
-    embedding_pooling,
-    user_ubatch,
 )
 
 DEFAULT_KEEP_ALIVE = 300.0
@@ -737,9 +730,3 @@ def get_manager() -> ServerManager:
         if _manager is None:
             _manager = ServerManager()
         return _manager
-
-
-# Names whose home is elsewhere (server_options.py, argv.py, health.py, budget.py), importable from here as before.
-__all__ = ["EMBED_UBATCH_MAX", "POOLING_NAMES", "Address", "Lease", "ServerInfo", "ServerManager", "ServerSpec",
-           "ServerStartError", "attach", "build_argv", "cache_type_args", "check_cache_type", "embedding_pooling",
-           "fit_memory", "get_manager", "local_share", "props_n_ctx", "read_props", "speculating", "user_ubatch"]

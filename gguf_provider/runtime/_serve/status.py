@@ -1,5 +1,5 @@
-"""The status views that both front ends print: the servers gguf-provider runs (``gguf-provider ps``, ``%gguf ps``)
-and the models on this machine (``gguf-provider models``, ``%gguf list``).
+"""The status view that both front ends print (``gguf-provider ps``, ``%gguf ps``): the servers gguf-provider runs
+and the memory budget they share (``Runtime.status``).
 
 Rows only, no formatting: the CLI prints them as text or JSON, the magics as a table.
 """
@@ -11,10 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .runtime._common.process import Address
-from .runtime._models import LocalModel, list_local_models
-from .runtime._serve import budget, metrics, registry
-from .runtime._serve.metrics import ServerMetrics
+from .._common.process import Address
+from . import budget, metrics, registry
+from .metrics import ServerMetrics
 
 
 @dataclass(frozen=True)
@@ -126,6 +125,14 @@ def memory_budget(rows: list[ServerStatus] | None = None) -> BudgetStatus:
                         max_models=budget.max_models(), devices=per_device)
 
 
-def local_models() -> list[LocalModel]:
-    """The GGUF models on this machine: the models dirs, then the Hugging Face cache (mmproj files left out)."""
-    return list_local_models()
+@dataclass(frozen=True)
+class Status:
+    """What ``gguf-provider ps`` shows: the servers we run and the memory budget they share."""
+
+    servers: list[ServerStatus]
+    budget: BudgetStatus
+
+
+def status(*, live: bool = False) -> Status:
+    rows = running_servers(live=live)
+    return Status(rows, memory_budget(rows))

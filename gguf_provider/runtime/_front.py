@@ -1,0 +1,269 @@
+"""The runtime's front door, :class:`Runtime`: what the engine, the CLI and the magics ask of the runtime, in one
+small class over the private folders (``_common``, ``_models``, ``_install``, ``_memory``, ``_serve``).
+
+Each method imports the folder it needs when it is called: making a Runtime costs nothing, and a process that only
+attaches to a running server never loads the installer or the planner.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ._common.cancel import Cancel, in_thread
+from ._common.progress import Progress
+from ._serve.health import DEFAULT_START_TIMEOUT
+
+if TYPE_CHECKING:
+    import httpx
+
+    from ._install.backend import InUse
+    from ._install.discovery import ServerCapabilities
+    from ._install.installed import Installation
+    from ._memory.devices import Device
+    from ._memory.plan import Plan
+    from ._models import LocalModel, ModelRef, Resolution, ResolvedModel
+    from ._serve.manager import Lease, ServerInfo, ServerManager
+    from ._serve.server_options import ServerSpec
+    from ._serve.status import Status
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """A server :meth:`Runtime.stop` stopped, or the stale entry it removed (``running`` False: its process was
+    gone, or is one we cannot prove we started)."""
+
+    pid: int
+    model: str
+    running: bool
+
+
+@dataclass(frozen=True)
+class Devices:
+    """What a server can place layers on, and the llama-server that listed them (None: none found yet; the GPUs
+    then come from nvidia-smi)."""
+
+    devices: list[Device]
+    seen_by: Path | None
+    workers: tuple[str, ...] = ()  # the RPC workers asked (host:port)
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """A memory plan for a model, and where it was made (the devices named, or this machine)."""
+
+    plan: Plan
+    where: str
+    speculative_extra: int  # bytes of logits speculative decoding adds on the output device
+
+
+class Runtime:
+    """One front door to the runtime (thread-safe). Servers: :meth:`acquire` / :meth:`aacquire` (a lease on a
+    healthy server), :meth:`attach`, :meth:`status`, :meth:`stop`. Models: :meth:`resolve`, :meth:`pull`,
+    :meth:`models`. llama-server: :meth:`binary`, :meth:`install`, :meth:`server_info`. Memory: :meth:`devices`,
+    :meth:`plan`. ``manager`` (tests: one with fake collaborators) defaults to the process's."""
+
+    def __init__(self, manager: ServerManager | None = None) -> None:
+        self._manager = manager
+
+    @property
+    def manager(self) -> ServerManager:
+        """The manager given, else the process's (asked each time: a test may replace it)."""
+        if self._manager is not None:
+            return self._manager
+        from ._serve.manager import get_manager
+
+        return get_manager()
+
+    # -- servers --------------------------------------------------------------------------------------------------
+
+    def acquire(self, spec: ServerSpec, *, shared: bool = True, keep_alive: float | None = None,
+                start_timeout: float = DEFAULT_START_TIMEOUT, progress: Progress | None = None,
+                cancel: Cancel | None = None) -> Lease:
+        """A lease on a healthy server for ``spec``: a running one shared, or one started (installing llama-server
+        first if there is none). ``cancel`` stops a start at its next checkpoint (LoadCancelled)."""
+        return self.manager.acquire(spec, shared=shared, keep_alive=keep_alive, start_timeout=start_timeout,
+                                    progress=progress, cancel=cancel)
+
+    async def aacquire(self, spec: ServerSpec, *, shared: bool = True, keep_alive: float | None = None,
+                       start_timeout: float = DEFAULT_START_TIMEOUT, progress: Progress | None = None) -> Lease:
+        """:meth:`acquire` in a worker thread: the event loop never waits. Cancelling the awaiting task stops the
+        start at its next checkpoint (a server it was starting is stopped and unregistered); a lease it got just
+        as its caller left is abandoned (the server stops unless another client holds it)."""
+        def acquire(cancel: Cancel) -> Lease:
+            return self.acquire(spec, shared=shared, keep_alive=keep_alive, start_timeout=start_timeout,
+                                progress=progress, cancel=cancel)
+
+        return await in_thread(acquire, abandon=lambda lease: lease.abandon())
+
+    def attach(self, base_url: str, api_key: str | None = None, *, timeout: float = 10.0,
+               transport: httpx.BaseTransport | httpx.AsyncBaseTransport | None = None) -> ServerInfo:
+        """A running llama-server (http URL or Unix socket path), started by anyone: nothing is spawned."""
+        from ._serve.manager import attach
+
+        return attach(base_url, api_key, timeout, transport=transport)
+
+    def status(self, *, live: bool = False) -> Status:
+        """The servers we run (after a sweep of dead ones) and the memory budget; ``live``: each server's numbers
+        from /metrics and /slots, within a bound however the servers behave."""
+        from ._serve.status import status
+
+        return status(live=live)
+
+    def stop(self, which: str | None = None) -> list[Stopped]:
+        """Stop our servers whose id starts with ``which`` (None: all of them), or remove their stale entries."""
+        from ._serve import registry
+
+        gone = []
+        with registry.locked() as data:
+            for key in list(data):
+                if which is None or key.startswith(which):
+                    gone.append(data.pop(key))
+        out = []
+        for e in gone:
+            running = registry.server_alive(e)
+            registry.stop_entry(e)
+            out.append(Stopped(e.pid, e.model, running))
+        return out
+
+    # -- models ---------------------------------------------------------------------------------------------------
+
+    def resolve(self, ref: ModelRef | str) -> Resolution:
+        """The model's files (and projector, draft): found on disk or downloaded."""
+        from ._models import ModelRef, resolve
+
+        return resolve(ModelRef(ref) if isinstance(ref, str) else ref)
+
+    def pull(self, ref: ModelRef | str, *, force: bool = False) -> ResolvedModel:
+        """Download a Hugging Face model into the cache (the Hub is always asked)."""
+        from ._models import pull
+
+        return pull(ref, force=force)
+
+    def models(self) -> list[LocalModel]:
+        """The GGUF models on this machine: the models dirs, then the Hugging Face cache."""
+        from ._models import list_local_models
+
+        return list_local_models()
+
+    # -- llama-server ---------------------------------------------------------------------------------------------
+
+    def find_binary(self, explicit: str | None = None) -> Path:
+        """The llama-server discovery finds; BinaryNotFoundError (saying how to install one) when there is none."""
+        from ._install.discovery import find_llama_server
+
+        return find_llama_server(explicit)
+
+    def capabilities(self, binary: Path) -> ServerCapabilities:
+        """What ``binary`` can do: its version and optional flags, probed from ``--help`` (cached per binary)."""
+        from ._install.discovery import probe
+
+        return probe(binary)
+
+    def backend(self, binary: Path) -> InUse:
+        """Which backend ``binary`` computes with on this machine and why (``line``, ``why``; ``warning`` when a
+        GPU it could use sits idle)."""
+        from ._install.backend import in_use
+
+        return in_use(binary)
+
+    def binary(self, explicit: str | None = None) -> Path:
+        """The llama-server to run (``explicit``, else discovery), installed first when there is none."""
+        from ._install.install import ensure_installed
+
+        return ensure_installed(explicit)
+
+    def install(self, backend: str = "auto", *, method: str = "auto", force: bool = False,
+                cmake_args: list[str] | None = None, progress: Progress | None = None,
+                remember: bool = True) -> Installation:
+        """Install llama-server for ``backend`` (the release archive, else the source build). ``remember``: a
+        named backend is the one used from now on (none named: the machine's choice)."""
+        from ._install import install, installed
+
+        inst = install.install(backend, method=method, force=force, cmake_args=cmake_args, progress=progress)
+        if remember:
+            installed.name_backend(inst.backend if backend != "auto" else None)
+        return inst
+
+    def server_info(self) -> dict[str, Any] | None:
+        """What ``gguf-provider server info`` says of the llama-server in use (None: none found): its path, how
+        it was found, version, origin, the tools beside it, its optional flags and its backend."""
+        from ._install import backend, discovery, installed
+        from ._memory.rpc import NAMES as rpc_names
+
+        found = discovery.locate()
+        if found is None:
+            return None
+        path, how = found
+        caps = discovery.probe(path)
+        ours = next((i for i in installed.installations() if i.server.resolve() == path.resolve()), None)
+        tools = sorted(p.name for p in path.parent.iterdir()
+                       if p.name.removesuffix(".exe") in (*rpc_names, "llama-gguf-split", "llama-quantize"))
+        verdict = backend.in_use(path)
+        return {"path": str(path), "found_by": how, "version": caps.version,
+                "origin": ours.describe() if ours else "not installed by gguf-provider",
+                "install": ours.marker if ours else None, "tools": tools, "flags": caps.flags,
+                "backend": {"build": verdict.build, "chosen": verdict.choice.backend, "why": verdict.why,
+                            "host": backend.current_host().to_json()}}
+
+    # -- memory ---------------------------------------------------------------------------------------------------
+
+    def devices(self, rpc: Sequence[str] | str = ()) -> Devices:
+        """What a server could place layers on now: the GPU-like devices of the llama-server in use (and of the
+        ``rpc`` workers), then RAM. ValueError: a malformed worker or ``$GGUF_PROVIDER_DEVICE_LIMIT``."""
+        from ._install import discovery
+        from ._memory import devices
+        from ._memory import rpc as rpc_mod
+
+        workers = rpc_mod.normalize(rpc)
+        found = discovery.locate()
+        return Devices(devices.machine_devices(found[0] if found else None, rpc=workers),
+                       found[0] if found else None, workers)
+
+    def plan(self, model: ModelRef | str, *, devices: Sequence[str] = (), rpc: Sequence[str] | str = (),
+             n_ctx: int | None = None, n_gpu_layers: int | None = None, kv_cache_type: str = "f16",
+             speculative: bool = False) -> ModelPlan:
+        """Where ``model``'s layers would go, without starting anything: on the ``devices`` named
+        (``KIND:MEMORY``), else on this machine's (with ``rpc`` workers). ValueError: a malformed device."""
+        from ._common import gguf
+        from ._memory import devices as devices_mod
+        from ._memory import plan as plan_mod
+        from ._memory import rpc as rpc_mod
+
+        named = devices_mod.number_devices([devices_mod.parse_device_arg(d) for d in devices])
+        rpc_mod.normalize(rpc)
+        devices_mod.device_limits()  # a malformed $GGUF_PROVIDER_DEVICE_LIMIT is said before anything runs
+        resolved = self.resolve(model).model
+        header = gguf.read_header(resolved.path)
+        if named:
+            listed = named if any(d.kind == "cpu" for d in named) else [*named, devices_mod.host_device()]
+            where = "the devices named"
+        else:
+            seen = self.devices(rpc)
+            listed = seen.devices
+            where = (f"this machine as {seen.seen_by} sees it" if seen.seen_by else
+                     "this machine (no llama-server yet: nvidia-smi)")
+        outputs = plan_mod.SPECULATIVE_OUTPUTS if speculative else 4
+        placed = plan_mod.for_model(header, list(resolved.shards), listed, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
+                                    cache_type=kv_cache_type, model=resolved.path.name, n_outputs=outputs)
+        extra = plan_mod.logits_bytes(header, plan_mod.SPECULATIVE_OUTPUTS) - plan_mod.logits_bytes(header)
+        return ModelPlan(placed, where, extra)
+
+
+_default: Runtime | None = None
+_default_lock = threading.Lock()
+
+
+def default() -> Runtime:
+    """The process's Runtime (over the process's server manager)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Runtime()
+        return _default
+
+
+__all__ = ["Devices", "ModelPlan", "Runtime", "Stopped", "default"]
