@@ -31,10 +31,9 @@ from .lazy import LazyModule
 from .loops import LoopGuard
 from .runtime._common.cancel import Cancel, in_thread
 from .runtime._common.cancel import check as check_cancel
-from .runtime._common.model_source import ModelSource
 from .runtime._common.progress import Progress
-from .runtime._common.spec_fields import ResolvedOptions, SpecOptions
 from .runtime._serve import diagnose, prompt_cache, server_options
+from .runtime._serve.config import ServerConfig
 from .runtime._serve.health import DEFAULT_START_TIMEOUT
 
 if TYPE_CHECKING:
@@ -69,10 +68,9 @@ def _log_retry(exc: Exception, attempt: int, max_retries: int) -> None:
 
 
 @dataclass(frozen=True, kw_only=True)
-class EngineConfig(ModelSource, ResolvedOptions, SpecOptions):
-    """What an engine is made from: the model options (``ModelSource``: runtime/_models/spec.py), the llama-server
-    options (``ResolvedOptions``, ``SpecOptions``: written from server_options.OPTIONS into
-    runtime/_common/spec_fields.py by scripts/gen_options.py) and the engine's own, below."""
+class EngineConfig(ServerConfig):
+    """What an engine is made from: a server's config (``ServerConfig``: the model and llama-server options, declared
+    in runtime/_common/model_source.py and server_options.OPTIONS) and the engine's own, below."""
 
     base_url: str | None = None
     api_key: str | None = None
@@ -87,35 +85,9 @@ class EngineConfig(ModelSource, ResolvedOptions, SpecOptions):
     media_allow_hosts: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if isinstance(self.media_allow_hosts, str):
             object.__setattr__(self, "media_allow_hosts", media.FetchPolicy.parse(self.media_allow_hosts).setting)
-        # Wrong values fail here, at construction, not when the server starts: each server option's own check.
-        for option in server_options.OPTIONS:
-            if option.normalize is not None:
-                object.__setattr__(self, option.name, option.normalize(getattr(self, option.name)))
-
-
-def resolve_spec(cfg: EngineConfig, *, progress: Progress | None = None) -> server_options.ServerSpec:
-    """The server spec of ``cfg``: the model resolved (found, or downloaded), with its projector when ``mmproj`` is
-    given (checked to be a projector file) or ``vision`` asks for the one beside the model or in its repo.
-    ``progress`` (default: the config's) gets the download reports."""
-    from .runtime import ModelRef, default
-    from .runtime._serve import speculative
-
-    mode = speculative.OFF if cfg.embedding or cfg.rerank else speculative.normalize(cfg.speculative)
-    found = default().resolve(ModelRef.of(cfg, progress=progress if progress is not None else cfg.progress,
-                                draft=mode if speculative.is_draft(mode) else None))
-    resolved = found.model
-    draft: Path | None = None
-    draft_shards: tuple[Path, ...] = ()
-    if found.draft is not None:
-        draft, draft_shards = found.draft.path, found.draft.shards
-        speculative.check_draft(resolved.path, draft)  # before anything starts
-        mode = speculative.DRAFT
-    # The declared options as the config has them, then the resolved ones (server_options.OPTIONS says which).
-    return server_options.ServerSpec(model=resolved.path, shards=tuple(resolved.shards), mmproj=resolved.mmproj,
-                                     speculative=mode, draft_model=draft, draft_shards=draft_shards,
-                                     **server_options.spec_values(cfg))
 
 
 class Engine:
@@ -189,7 +161,8 @@ class Engine:
                 info = runtime().attach(cfg.base_url, cfg.api_key, timeout=min(cfg.timeout, 30.0),
                                         transport=self.transport)
             else:
-                spec = resolve_spec(cfg, progress=cancel.progress(cfg.progress) if cancel is not None else None)
+                spec = runtime().spec(cfg, progress=cancel.progress(cfg.progress) if cancel is not None else
+                                      cfg.progress)
                 lease = runtime().acquire(spec, shared=cfg.shared, keep_alive=cfg.keep_alive,
                                           start_timeout=cfg.start_timeout, progress=cfg.progress, cancel=cancel)
                 self._lease, info = lease, lease.info

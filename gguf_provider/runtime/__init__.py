@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ._install.backend import InUse
     from ._install.discovery import ServerCapabilities
     from ._models import LocalModel, ModelRef, Resolution, ResolvedModel
+    from ._serve.config import ServerConfig
     from ._serve.health import DEFAULT_START_TIMEOUT
     from ._serve.manager import Lease, ServerInfo
     from ._serve.server_options import OPTIONS, ServerOption, ServerSpec
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 _HOMES = {
     "Runtime": "_front", "default": "_front", "Devices": "_front", "ModelPlan": "_front", "Stopped": "_front",
     "Lease": "_serve.manager", "ServerInfo": "_serve.manager",
-    "ServerSpec": "_serve.server_options", "ServerOption": "_serve.server_options", "OPTIONS": "_serve.server_options",
+    "ServerSpec": "_serve.server_options", "ServerConfig": "_serve.config", "ServerOption": "_serve.server_options", "OPTIONS": "_serve.server_options",
     "Status": "_serve.status", "ServerStatus": "_serve.status", "BudgetStatus": "_serve.status",
     "DEFAULT_START_TIMEOUT": "_serve.health", "Address": "_common.process", "InUse": "_install.backend",
     "ServerCapabilities": "_install.discovery",
@@ -50,6 +51,6 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "Address", "BudgetStatus", "Cancel", "default", "DEFAULT_START_TIMEOUT", "Devices", "InUse", "Lease", "LocalModel", "ModelPlan",
-    "ModelRef", "ModelSource", "OPTIONS", "Progress", "Resolution", "ResolvedModel", "Runtime", "ServerCapabilities", "ServerInfo",
+    "ModelRef", "ModelSource", "OPTIONS", "Progress", "Resolution", "ResolvedModel", "Runtime", "ServerCapabilities", "ServerConfig", "ServerInfo",
     "ServerOption", "ServerSpec", "ServerStatus", "Status", "Stopped",
 ]

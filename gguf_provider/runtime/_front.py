@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ._memory.devices import Device
     from ._memory.plan import Plan
     from ._models import LocalModel, ModelRef, Resolution, ResolvedModel
+    from ._serve.config import ServerConfig
     from ._serve.manager import Lease, ServerInfo, ServerManager
     from ._serve.server_options import ServerSpec
     from ._serve.status import Status
@@ -136,6 +137,13 @@ class Runtime:
         from ._models import ModelRef, resolve
 
         return resolve(ModelRef(ref) if isinstance(ref, str) else ref)
+
+    def spec(self, config: ServerConfig, *, progress: Progress | None = None) -> ServerSpec:
+        """What a server of ``config`` is: its model resolved (found, or downloaded: ``progress`` gets the reports),
+        with its projector and draft, and the options as ``config`` has them."""
+        from ._serve.config import resolve_spec
+
+        return resolve_spec(config, progress=progress)
 
     def pull(self, ref: ModelRef | str, *, force: bool = False) -> ResolvedModel:
         """Download a Hugging Face model into the cache (the Hub is always asked)."""

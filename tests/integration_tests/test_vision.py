@@ -29,7 +29,7 @@ from llama_index.core.base.llms.types import ChatMessage, ImageBlock, MessageRol
 from PIL import Image
 
 from gguf_provider import media
-from gguf_provider.engine import Engine, EngineConfig, resolve_spec
+from gguf_provider.engine import Engine, EngineConfig
 from gguf_provider.errors import (
     MediaFetchError,
     MediaURLRefusedError,
@@ -38,6 +38,7 @@ from gguf_provider.errors import (
 )
 from gguf_provider.langchain import ChatGGUF
 from gguf_provider.llama_index import GGUF
+from gguf_provider.runtime._serve.config import resolve_spec
 
 pytestmark = pytest.mark.timeout(300)  # a hang guard: the slowest test takes ~7 s under load
 

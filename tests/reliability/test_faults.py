@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
-from gguf_provider.engine import Engine, EngineConfig, resolve_spec
+from gguf_provider.engine import Engine, EngineConfig
 from gguf_provider.errors import ServerCrashedError, ServerTimeoutError
 from gguf_provider.events import TextDelta
 from gguf_provider.runtime._serve import health, registry
 from gguf_provider.runtime._serve import manager as mgr
+from gguf_provider.runtime._serve.config import resolve_spec
 from tests.reliability.report import write_report
 from tests.support.runtime import RuntimeEnv, pid_alive, wait_until
 

@@ -1,10 +1,10 @@
-"""An option is declared once (issue 46.3): a llama-server option in ``runtime/server_options.OPTIONS``, a model
-option in ``runtime/model_source.ModelSource``; ``scripts/gen_options.py`` writes the adapters' pydantic fields and
-the runtime's dataclass fields (``SpecOptions``, ``ResolvedOptions``) from them. ``EngineConfig`` is those classes
-plus the engine's own fields, ``ServerSpec`` is a ``SpecOptions``, ``ModelRef`` a ``ModelSource``: no field is
-written twice by hand. Every option an adapter takes for its engine reaches the config, and from it the spec or
-the model reference: a field that cannot reach the server fails here (set to a value other than its default on
-every adapter, it must arrive), never a silent drop.
+"""An option is declared once (issue 46.3): a llama-server option in ``runtime/_serve/server_options.OPTIONS``, a
+model option in ``runtime/_common/model_source.ModelSource``; ``scripts/gen_options.py`` writes the adapters'
+pydantic fields and the runtime's dataclass fields (``SpecOptions``, ``ResolvedOptions``) from them.
+``EngineConfig`` is a ``ServerConfig`` (those classes) plus the engine's own fields, ``ServerSpec`` a
+``SpecOptions``, ``ModelRef`` a ``ModelSource``: no field is written twice by hand. Every option an adapter takes
+for its engine reaches the config, and from it the spec or the model reference: a field that cannot reach the
+server fails here (set to a value other than its default on every adapter, it must arrive), never a silent drop.
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ import pytest
 from pydantic import BaseModel, SecretStr
 
 from gguf_provider import ChatGGUF, GGUFEmbeddings, GGUFRerank, options
-from gguf_provider.engine import EngineConfig, resolve_spec
+from gguf_provider.engine import EngineConfig
 from gguf_provider.llama_index import GGUF, GGUFEmbedding, GGUFRerankPostprocessor
 from gguf_provider.runtime._common.model_source import ModelSource
 from gguf_provider.runtime._common.spec_fields import ResolvedOptions, SpecOptions
 from gguf_provider.runtime._models import ModelRef
 from gguf_provider.runtime._serve import server_options
+from gguf_provider.runtime._serve.config import ServerConfig, resolve_spec
 from gguf_provider.runtime._serve.server_options import ServerSpec
 from scripts import gen_options
 from tests.support import gguf_bytes as gb
@@ -59,7 +60,7 @@ def test_the_generated_modules_are_what_gen_options_writes(target: Path) -> None
 def test_the_runtime_configs_restate_no_option() -> None:
     """EngineConfig declares only the engine's own fields; ServerSpec only what the engine resolves (the model's
     files, the speculation mode and draft); ModelRef only how to resolve. The rest comes from the bases."""
-    assert _own(EngineConfig) == ENGINE_OWN
+    assert _own(EngineConfig) == ENGINE_OWN and _own(ServerConfig) == set()
     bases = [{f.name for f in dataclasses.fields(b)} for b in (ModelSource, ResolvedOptions, SpecOptions)]
     assert not (bases[0] & bases[1] or bases[0] & bases[2] or bases[1] & bases[2])
     assert {f.name for f in dataclasses.fields(EngineConfig)} == set().union(*bases) | ENGINE_OWN

@@ -76,7 +76,7 @@ def test_rerank_argv_is_rerank_with_one_physical_batch_per_pair() -> None:
 
 
 def test_the_reranker_engine_never_speculates(tmp_path: Path) -> None:
-    from gguf_provider.engine import resolve_spec
+    from gguf_provider.runtime._serve.config import resolve_spec
 
     model = _model(tmp_path, "r.gguf", BERT, ("cls.output.weight",))
     spec = resolve_spec(EngineConfig(model_path=str(model), rerank=True))

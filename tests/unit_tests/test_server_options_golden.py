@@ -2,7 +2,7 @@
 the server options were declared in one place (gguf_provider/runtime/_serve/server_options.py): the refactor moved no flag
 and no identity hash. Recaptured when `cache_reuse` joined (issue 31): `--cache-reuse` in chat argv, one more arg.
 
-Each case goes the whole way a config goes: ``EngineConfig`` → ``engine.resolve_spec`` (real local model files,
+Each case goes the whole way a config goes: ``EngineConfig`` → ``resolve_spec`` (real local model files,
 written here) → ``ServerSpec.identity`` / ``family`` and ``build_argv`` for fixed build capabilities. The files live
 in a fixed directory, so the identity's paths, and the hashes made of them, are the same on every run.
 
@@ -21,10 +21,11 @@ from typing import Any
 
 import pytest
 
-from gguf_provider.engine import EngineConfig, resolve_spec
+from gguf_provider.engine import EngineConfig
 from gguf_provider.runtime._common.process import Address
 from gguf_provider.runtime._install.discovery import ServerCapabilities
 from gguf_provider.runtime._serve.argv import build_argv
+from gguf_provider.runtime._serve.config import resolve_spec
 from tests.support.gguf_bytes import encode, gguf, rich_header, string
 
 GOLDEN = Path(__file__).parent / "data" / "server_argv_golden.json"

@@ -204,8 +204,8 @@ def test_a_mismatched_draft_fails_before_any_server_is_looked_for(tmp_path: Path
 
 
 def test_a_draft_that_names_nothing_says_what_speculative_takes(tmp_path: Path) -> None:
-    from gguf_provider.engine import resolve_spec
     from gguf_provider.errors import ModelNotFoundError
+    from gguf_provider.runtime._serve.config import resolve_spec
 
     model = _vocab_model(tmp_path / "m.gguf", TOKENS)
     with pytest.raises(ModelNotFoundError, match=r"speculative='ngarm' names no draft model.*'auto', 'off'"):
@@ -213,7 +213,7 @@ def test_a_draft_that_names_nothing_says_what_speculative_takes(tmp_path: Path) 
 
 
 def test_embedding_servers_never_speculate(tmp_path: Path) -> None:
-    from gguf_provider.engine import resolve_spec
+    from gguf_provider.runtime._serve.config import resolve_spec
 
     model = _vocab_model(tmp_path / "m.gguf", TOKENS)
     assert resolve_spec(EngineConfig(model_path=str(model), embedding=True)).speculative == "off"
