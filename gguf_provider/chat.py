@@ -12,12 +12,13 @@ import json
 import logging
 import time
 import warnings
-from collections.abc import AsyncGenerator, Generator, Iterator
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, Generator
+from contextlib import aclosing, closing
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import families
+from ._io import no_loop, running_loop
 from .deadline import Deadline
 from .engine import Engine
 from .errors import GenerationTimeWarning, LoopWarning, ReasoningWarning, RepeatedToolCallWarning
@@ -372,33 +373,21 @@ class EventProcessor:
         return out
 
 
-def _events(engine: Engine, request: ChatRequest, proc: EventProcessor) -> Iterator[Event]:
-    """One request's events through ``proc``; a reply past its time bound is closed (the server cancels it)."""
-    events = engine.stream(request.payload(family_of(engine)), loop_guard=request.loop_guard,
-                           deadline=proc.new_deadline())
-    try:
-        for ev in events:
-            yield from proc.feed(ev)
-            if proc.waiting and proc.past_bound(ev):  # per token, once armed: one attribute read
-                break
-    finally:
-        proc.stream_ended()
-        if isinstance(events, Generator):
-            events.close()
-    yield from proc.end()
+# The request paths: each written once, async; the sync functions are generated from it (scripts/gen_sync.py).
 
-
+# unasync: async source
 async def _aevents(engine: Engine, request: ChatRequest, proc: EventProcessor) -> AsyncGenerator[Event, None]:
-    # aclosing: closing this generator (a consumer that stops early) closes the request at once, not at GC.
-    await engine.aload()  # the payload needs the server's template; a cold start must not block the loop
-    deadline = proc.new_deadline(asyncio.get_running_loop())
+    """One request's events through ``proc``; a reply past its time bound is closed (the server cancels it).
+    Closing this generator (a consumer that stops early) closes the request at once, not at garbage collection."""
+    await engine.aload()  # the payload needs the server's template (a coroutine's cold start: off the loop)
+    deadline = proc.new_deadline(running_loop())
     try:
         async with aclosing(engine.astream(request.payload(family_of(engine)), loop_guard=request.loop_guard,
                                            deadline=deadline)) as events:
             async for ev in events:
                 for out in proc.feed(ev):
                     yield out
-                if proc.waiting and proc.past_bound(ev):
+                if proc.waiting and proc.past_bound(ev):  # per token, once armed: one attribute read
                     break
     finally:
         proc.stream_ended()
@@ -406,37 +395,13 @@ async def _aevents(engine: Engine, request: ChatRequest, proc: EventProcessor) -
         yield out
 
 
-def stream(engine: Engine, request: ChatRequest) -> Iterator[Event]:
-    proc = EventProcessor(request)
-    # Inlined (not through _events): one generator less per token.
-    events = engine.stream(request.payload(family_of(engine)), loop_guard=request.loop_guard,
-                           deadline=proc.new_deadline())
-    try:
-        for ev in events:
-            yield from proc.feed(ev)
-            if proc.waiting and proc.past_bound(ev):
-                break
-    finally:
-        proc.stream_ended()
-        if isinstance(events, Generator):
-            events.close()
-    yield from proc.end()
-    if proc.looped:
-        retry = _for_loop_retry(request, proc.looped)
-        yield from stream(engine, retry)
-    elif proc.repeated_only:
-        # Asked once more without tools; the reply is judged by the same tools (it may repeat the call again).
-        again = EventProcessor(request)
-        yield from _events(engine, _without_tools(request), again)
-        if again.repeated_only:
-            yield from _tool_results_answer(request)
-
-
 async def astream(engine: Engine, request: ChatRequest) -> AsyncGenerator[Event, None]:
+    """The reply's events, post-processed (tool calls, reasoning, the loop guard, the time bound); a structured
+    reply that looped is asked once more, a repeated answered tool call once more without tools."""
     proc = EventProcessor(request)
-    await engine.aload()  # the payload needs the server's template; a cold start must not block the loop
-    # Inlined (not through _aevents): one async generator less per token.
-    deadline = proc.new_deadline(asyncio.get_running_loop())
+    await engine.aload()  # the payload needs the server's template (a coroutine's cold start: off the loop)
+    # Inlined (not through the events function above): one generator less per token.
+    deadline = proc.new_deadline(running_loop())
     try:
         async with aclosing(engine.astream(request.payload(family_of(engine)), loop_guard=request.loop_guard,
                                            deadline=deadline)) as events:
@@ -454,6 +419,7 @@ async def astream(engine: Engine, request: ChatRequest) -> AsyncGenerator[Event,
             async for ev in retried:
                 yield ev
     elif proc.repeated_only:
+        # Asked once more without tools; the reply is judged by the same tools (it may repeat the call again).
         again = EventProcessor(request)
         async with aclosing(_aevents(engine, _without_tools(request), again)) as more:
             async for ev in more:
@@ -461,6 +427,87 @@ async def astream(engine: Engine, request: ChatRequest) -> AsyncGenerator[Event,
         if again.repeated_only:
             for out in _tool_results_answer(request):
                 yield out
+
+
+async def acomplete(engine: Engine, request: ChatRequest) -> Completion:
+    """The whole reply, retried on a fresh server after a crash (``max_retries``)."""
+
+    async def run() -> Completion:
+        col = Collector()
+        async for ev in astream(engine, request):
+            col.add(ev)
+        return col.done()
+
+    return await engine.aretrying(run)
+
+
+# unasync: generated from the async source above by scripts/gen_sync.py; do not edit
+def _events(engine: Engine, request: ChatRequest, proc: EventProcessor) -> Generator[Event, None]:
+    """One request's events through ``proc``; a reply past its time bound is closed (the server cancels it).
+    Closing this generator (a consumer that stops early) closes the request at once, not at garbage collection."""
+    engine.load()  # the payload needs the server's template (a coroutine's cold start: off the loop)
+    deadline = proc.new_deadline(no_loop())
+    try:
+        with closing(engine.stream(request.payload(family_of(engine)), loop_guard=request.loop_guard,
+                                   deadline=deadline)) as events:
+            for ev in events:
+                for out in proc.feed(ev):
+                    yield out
+                if proc.waiting and proc.past_bound(ev):  # per token, once armed: one attribute read
+                    break
+    finally:
+        proc.stream_ended()
+    for out in proc.end():
+        yield out
+
+
+def stream(engine: Engine, request: ChatRequest) -> Generator[Event, None]:
+    """The reply's events, post-processed (tool calls, reasoning, the loop guard, the time bound); a structured
+    reply that looped is asked once more, a repeated answered tool call once more without tools."""
+    proc = EventProcessor(request)
+    engine.load()  # the payload needs the server's template (a coroutine's cold start: off the loop)
+    # Inlined (not through the events function above): one generator less per token.
+    deadline = proc.new_deadline(no_loop())
+    try:
+        with closing(engine.stream(request.payload(family_of(engine)), loop_guard=request.loop_guard,
+                                   deadline=deadline)) as events:
+            for ev in events:
+                for out in proc.feed(ev):
+                    yield out
+                if proc.waiting and proc.past_bound(ev):
+                    break
+    finally:
+        proc.stream_ended()
+    for out in proc.end():
+        yield out
+    if proc.looped:
+        with closing(stream(engine, _for_loop_retry(request, proc.looped))) as retried:
+            for ev in retried:
+                yield ev
+    elif proc.repeated_only:
+        # Asked once more without tools; the reply is judged by the same tools (it may repeat the call again).
+        again = EventProcessor(request)
+        with closing(_events(engine, _without_tools(request), again)) as more:
+            for ev in more:
+                yield ev
+        if again.repeated_only:
+            for out in _tool_results_answer(request):
+                yield out
+
+
+def complete(engine: Engine, request: ChatRequest) -> Completion:
+    """The whole reply, retried on a fresh server after a crash (``max_retries``)."""
+
+    def run() -> Completion:
+        col = Collector()
+        for ev in stream(engine, request):
+            col.add(ev)
+        return col.done()
+
+    return engine.retrying(run)
+
+
+# unasync: end
 
 
 ANSWER_NUDGE = "Answer my question in words now, using the tool results above. Do not call a tool."
@@ -508,25 +555,3 @@ def _for_loop_retry(request: ChatRequest, why: str) -> ChatRequest:
     log.info("loop guard: the structured reply %s; asking once more with %s", what, settings)
     warnings.warn(f"the structured reply {what}; asking once more with {settings}", LoopWarning, stacklevel=3)
     return replace(request, params={**request.params, **added})
-
-
-def complete(engine: Engine, request: ChatRequest) -> Completion:
-    """The whole reply, retried on a fresh server after a crash (``max_retries``)."""
-
-    def run() -> Completion:
-        col = Collector()
-        for ev in stream(engine, request):
-            col.add(ev)
-        return col.done()
-
-    return engine.retrying(run)
-
-
-async def acomplete(engine: Engine, request: ChatRequest) -> Completion:
-    async def run() -> Completion:
-        col = Collector()
-        async for ev in astream(engine, request):
-            col.add(ev)
-        return col.done()
-
-    return await engine.aretrying(run)

@@ -188,23 +188,12 @@ class EngineClient:
             self._client = None
         self._aclients.clear()
 
-    # requests -----------------------------------------------------------------------------------------------
+    # requests: each written once, async; the sync methods are generated from it (scripts/gen_sync.py) ------------
 
-    def get_json(self, path: str) -> Any:
-        with _timeouts():
-            r = self.http.get(path)
-        _raise_for_status(r, r.content)
-        return r.json()
-
+    # unasync: async source
     async def aget_json(self, path: str) -> Any:
         with _timeouts():
             r = await self.ahttp.get(path)
-        _raise_for_status(r, r.content)
-        return r.json()
-
-    def post_json(self, path: str, payload: dict[str, Any]) -> Any:
-        with _timeouts():
-            r = self.http.post(path, json=payload)
         _raise_for_status(r, r.content)
         return r.json()
 
@@ -214,32 +203,11 @@ class EngineClient:
         _raise_for_status(r, r.content)
         return r.json()
 
-    def stream_chat(self, payload: dict[str, Any], deadline: Deadline | None = None) -> Generator[Event, None, None]:
+    async def astream_chat(self, payload: dict[str, Any],
+                           deadline: Deadline | None = None) -> AsyncGenerator[Event, None]:
         """Stream events. Closing the generator (``break`` in the consumer) closes the response, which makes
         llama-server stop generating and free the slot. A ``deadline`` that fires shuts the response's socket:
         the stream then ends without a finish (``deadline.fired`` says why)."""
-        body = {**payload, "stream": True, "stream_options": {"include_usage": True}}
-        parser = StreamParser()
-        with _timeouts(), self.http.stream("POST", "/v1/chat/completions", json=body) as r:
-            if r.status_code >= 400:
-                _raise_for_status(r, r.read())
-            if deadline is not None:
-                deadline.watch(r)
-            try:
-                for line in r.iter_lines():
-                    events = parser.feed_line(line)
-                    if events is None:
-                        return
-                    yield from events
-            except httpx.TransportError:
-                if deadline is None or not deadline.fired:
-                    raise
-            finally:
-                if deadline is not None:
-                    deadline.unwatch()
-
-    async def astream_chat(self, payload: dict[str, Any],
-                           deadline: Deadline | None = None) -> AsyncGenerator[Event, None]:
         body = {**payload, "stream": True, "stream_options": {"include_usage": True}}
         parser = StreamParser()
         with _timeouts():
@@ -262,34 +230,79 @@ class EngineClient:
                     if deadline is not None:
                         deadline.unwatch()
 
-    def tokenize(self, text: str, *, special: bool = True) -> list[int]:
-        data = self.post_json("/tokenize", {"content": text, "add_special": special, "parse_special": special})
-        return list(data.get("tokens") or [])
-
     async def atokenize(self, text: str, *, special: bool = True) -> list[int]:
         data = await self.apost_json("/tokenize", {"content": text, "add_special": special, "parse_special": special})
         return list(data.get("tokens") or [])
 
-    def apply_template(self, payload: dict[str, Any]) -> str:
-        return str(self.post_json("/apply-template", payload).get("prompt") or "")
-
     async def aapply_template(self, payload: dict[str, Any]) -> str:
         return str((await self.apost_json("/apply-template", payload)).get("prompt") or "")
+
+    async def aembed(self, inputs: Sequence[str | list[int]], **extra: Any) -> list[list[float]]:
+        """Vectors of ``inputs`` (texts or token ids); ``extra`` fields go into the request body."""
+        return _embeddings(await self.apost_json("/v1/embeddings", {**extra, "input": list(inputs)}))
+
+    async def arerank(self, query: str, documents: Sequence[str], **extra: Any) -> list[RerankResult]:
+        """A score for each document against ``query`` from ``/v1/rerank`` (a server started with ``--rerank``),
+        best first; ``extra`` fields go into the request body."""
+        return _reranked(await self.apost_json("/v1/rerank", rerank_body(query, documents, extra)), len(documents))
+
+    # unasync: generated from the async source above by scripts/gen_sync.py; do not edit
+    def get_json(self, path: str) -> Any:
+        with _timeouts():
+            r = self.http.get(path)
+        _raise_for_status(r, r.content)
+        return r.json()
+
+    def post_json(self, path: str, payload: dict[str, Any]) -> Any:
+        with _timeouts():
+            r = self.http.post(path, json=payload)
+        _raise_for_status(r, r.content)
+        return r.json()
+
+    def stream_chat(self, payload: dict[str, Any],
+                    deadline: Deadline | None = None) -> Generator[Event, None]:
+        """Stream events. Closing the generator (``break`` in the consumer) closes the response, which makes
+        llama-server stop generating and free the slot. A ``deadline`` that fires shuts the response's socket:
+        the stream then ends without a finish (``deadline.fired`` says why)."""
+        body = {**payload, "stream": True, "stream_options": {"include_usage": True}}
+        parser = StreamParser()
+        with _timeouts():
+            with self.http.stream("POST", "/v1/chat/completions", json=body) as r:
+                if r.status_code >= 400:
+                    _raise_for_status(r, r.read())
+                if deadline is not None:
+                    deadline.watch(r)
+                try:
+                    for line in r.iter_lines():
+                        events = parser.feed_line(line)
+                        if events is None:
+                            return
+                        for ev in events:
+                            yield ev
+                except httpx.TransportError:
+                    if deadline is None or not deadline.fired:
+                        raise
+                finally:
+                    if deadline is not None:
+                        deadline.unwatch()
+
+    def tokenize(self, text: str, *, special: bool = True) -> list[int]:
+        data = self.post_json("/tokenize", {"content": text, "add_special": special, "parse_special": special})
+        return list(data.get("tokens") or [])
+
+    def apply_template(self, payload: dict[str, Any]) -> str:
+        return str((self.post_json("/apply-template", payload)).get("prompt") or "")
 
     def embed(self, inputs: Sequence[str | list[int]], **extra: Any) -> list[list[float]]:
         """Vectors of ``inputs`` (texts or token ids); ``extra`` fields go into the request body."""
         return _embeddings(self.post_json("/v1/embeddings", {**extra, "input": list(inputs)}))
-
-    async def aembed(self, inputs: Sequence[str | list[int]], **extra: Any) -> list[list[float]]:
-        return _embeddings(await self.apost_json("/v1/embeddings", {**extra, "input": list(inputs)}))
 
     def rerank(self, query: str, documents: Sequence[str], **extra: Any) -> list[RerankResult]:
         """A score for each document against ``query`` from ``/v1/rerank`` (a server started with ``--rerank``),
         best first; ``extra`` fields go into the request body."""
         return _reranked(self.post_json("/v1/rerank", rerank_body(query, documents, extra)), len(documents))
 
-    async def arerank(self, query: str, documents: Sequence[str], **extra: Any) -> list[RerankResult]:
-        return _reranked(await self.apost_json("/v1/rerank", rerank_body(query, documents, extra)), len(documents))
+    # unasync: end
 
 
 def _embeddings(data: dict[str, Any]) -> list[list[float]]:

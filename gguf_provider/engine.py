@@ -8,20 +8,20 @@ starts a fresh server), retries such calls, and applies the context limits (:mod
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import os
 import threading
 import time
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator, Sequence
 from contextlib import aclosing, asynccontextmanager, closing, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import limits, media
+from ._io import AsyncCall, SyncCall, in_caller, off_loop
 from .client import EngineClient
 from .client import RerankResult as RerankResult  # the result type of Engine.rerank
 from .deadline import Deadline
@@ -235,24 +235,6 @@ class Engine:
 
     # the one error guard ------------------------------------------------------------------------------------
 
-    @contextmanager
-    def guard(self) -> Iterator[None]:
-        """Map transport failures to our errors: :class:`ServerCrashedError` (with the log tail) when the server we
-        started died, else :class:`ServerConnectionError`. Wraps sync and async code alike."""
-        try:
-            yield
-        except httpx.TransportError as exc:
-            raise self._failure(exc) from exc
-
-    @asynccontextmanager
-    async def aguard(self) -> AsyncIterator[None]:
-        """:meth:`guard` for async code: the failure's diagnosis (a process check with a grace, the log) runs in a
-        worker thread, not on the event loop."""
-        try:
-            yield
-        except httpx.TransportError as exc:
-            raise await asyncio.to_thread(self._failure, exc) from exc
-
     def _failure(self, exc: httpx.TransportError) -> Exception:
         info = self._info
         if info is not None and self._lease is not None and not _still_alive(info):
@@ -262,20 +244,68 @@ class Engine:
         where = info.address.describe() if info else "?"
         return ServerConnectionError(f"lost the connection to llama-server at {where}: {exc}")
 
-    def retrying(self, call: Callable[[], T]) -> T:
-        """Run ``call`` again (on a fresh server) after a crash or lost connection, ``max_retries`` times."""
-        for attempt in itertools.count():
-            try:
-                return call()
-            except RPCWorkerLostError:
-                raise  # a worker that went away does not come back on a retry
-            except (ServerCrashedError, ServerConnectionError) as exc:
-                if attempt >= self.config.max_retries:
-                    raise
-                _log_retry(exc, attempt, self.config.max_retries)
-        raise AssertionError("unreachable")
+    def media_policy(self) -> media.FetchPolicy:
+        """Where image URLs in messages may point (``media_allow_hosts``, else the environment's)."""
+        return media.FetchPolicy.parse(self.config.media_allow_hosts)
 
-    async def aretrying(self, call: Callable[[], Awaitable[T]]) -> T:
+    # the prompt cache ---------------------------------------------------------------------------------------
+
+    def _prompt_cache(self) -> prompt_cache.ServerCache | None:
+        info = self._info
+        if info is None or self._lease is None or not info.prompt_cache:
+            return None  # an attached server's directory is not ours to know
+        return prompt_cache.for_server(info.pid, info.create_time, Path(info.prompt_cache), model=info.model,
+                                       build=str(info.props.get("build_info") or ""))
+
+    def tokenize(self, text: str, *, special: bool = True) -> list[int]:
+        client = self.client
+        with self.guard():
+            return client.tokenize(text, special=special)
+
+    # requests -----------------------------------------------------------------------------------------------
+
+    def chat(self, payload: dict[str, Any], *, loop_guard: bool = True) -> Completion:
+        """A whole reply, folded from the stream (the one request path; no retry here)."""
+        col = Collector()
+        for ev in self.stream(payload, loop_guard=loop_guard):
+            col.add(ev)
+        return col.done()
+
+    def _rerank_args(self, documents: Sequence[str], top_n: int | None, batch_size: int) -> list[str]:
+        if isinstance(documents, str):
+            raise ValueError("documents must be a list of texts, not one string")
+        if top_n is not None and top_n < 0:
+            raise ValueError(f"top_n must be None (every document) or >= 0, not {top_n}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, not {batch_size}")
+        if not (self.config.rerank or self.config.base_url):
+            raise ValueError("this engine's server is no reranker: EngineConfig(rerank=True, ...) starts one")
+        return list(documents)
+
+    def embed_limit(self) -> int:
+        """The most tokens one text (or one reranked query+document pair) may have: the slot's context, and for a
+        server we started, its physical batch (a non-causal embedder sees a text in one batch)."""
+        n_ctx = self.n_ctx
+        if self._lease is None:
+            return n_ctx
+        ubatch = server_options.user_ubatch(self.config.server_args)
+        return min(n_ctx, ubatch if ubatch is not None else server_options.EMBED_UBATCH_MAX)
+
+    # I/O paths: each written once, async; the sync methods are generated from it (scripts/gen_sync.py) --------
+
+    # unasync: async source
+    @asynccontextmanager
+    async def aguard(self) -> AsyncIterator[None]:
+        """Map transport failures to our errors: :class:`ServerCrashedError` (with the log tail) when the server we
+        started died, else :class:`ServerConnectionError`. The failure's diagnosis (a process check with a grace,
+        the log) runs off the event loop."""
+        try:
+            yield
+        except httpx.TransportError as exc:
+            raise await off_loop(self._failure, exc) from exc
+
+    async def aretrying(self, call: AsyncCall[T]) -> T:
+        """Run ``call`` again (on a fresh server) after a crash or lost connection, ``max_retries`` times."""
         for attempt in itertools.count():
             try:
                 return await call()
@@ -287,15 +317,9 @@ class Engine:
                 _log_retry(exc, attempt, self.config.max_retries)
         raise AssertionError("unreachable")
 
-    def media_policy(self) -> media.FetchPolicy:
-        """Where image URLs in messages may point (``media_allow_hosts``, else the environment's)."""
-        return media.FetchPolicy.parse(self.config.media_allow_hosts)
-
-    # limits -------------------------------------------------------------------------------------------------
-
-    def prepare(self, payload: dict[str, Any]) -> dict[str, Any]:
+    async def aprepare(self, payload: dict[str, Any]) -> dict[str, Any]:
         """The payload as it is sent: its images and audio checked and inlined (:mod:`gguf_provider.media`),
-        ``max_tokens`` set to context − prompt when none is given, a larger one capped there, and a prompt that
+        ``max_tokens`` set to context - prompt when none is given, a larger one capped there, and a prompt that
         alone fills the context refused.
 
         Counting the prompt costs two small requests, so with an explicit ``max_tokens`` it is done only when a
@@ -304,67 +328,23 @@ class Engine:
         the context (finish reason ``length``) and refuses an image prompt that does not fit
         (:class:`ContextOverflowError`).
         """
-        payload = media.prepare(payload, self.modalities(), model=self._where(), policy=self.media_policy())
-        payload = self.restore_prompt(payload)
-        n_ctx = self.n_ctx
-        if not n_ctx or limits.fits(payload, n_ctx):
-            return payload
-        return limits.apply_limits(payload, self.count_prompt_tokens(payload), n_ctx)
-
-    async def aprepare(self, payload: dict[str, Any]) -> dict[str, Any]:
         await self.aload()
         payload = await media.aprepare(payload, self.modalities(), model=self._where(), policy=self.media_policy())
         payload = await self.arestore_prompt(payload)
         n_ctx = self.n_ctx
         if not n_ctx or limits.fits(payload, n_ctx):
             return payload
-        client = self.client
-        async with self.aguard():
-            prompt = await client.aapply_template(limits.template_payload(payload))
-            n_prompt = len(await client.atokenize(prompt))
-        return limits.apply_limits(payload, n_prompt, n_ctx)
-
-    # the prompt cache ---------------------------------------------------------------------------------------
-
-    def _prompt_cache(self) -> prompt_cache.ServerCache | None:
-        info = self._info
-        if info is None or self._lease is None or not info.prompt_cache:
-            return None  # an attached server's directory is not ours to know
-        return prompt_cache.for_server(info.pid, info.create_time, Path(info.prompt_cache), model=info.model,
-                                       build=str(info.props.get("build_info") or ""))
-
-    def restore_prompt(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """On a server's first requests (:data:`~.runtime.prompt_cache.FIRST_REQUESTS`): when a prompt saved by an
-        earlier server of this model and options shares at least ``MIN_TOKENS`` tokens with this request's, restore
-        it into a free slot and send the request there (``id_slot``), so that only the rest is processed. Costs a
-        directory listing when nothing is saved; a failure only leaves the prompt to be processed as usual."""
-        cache = self._prompt_cache()
-        candidates = cache.pending() if cache is not None and "id_slot" not in payload else []
-        if cache is None or not candidates:
-            return payload
-        client = self.client
-        restoring: prompt_cache.Match | None = None
-        try:
-            with self.guard():
-                tokens = client.tokenize(client.apply_template(limits.template_payload(payload)))
-                match = cache.choose(tokens, candidates)
-                slot = prompt_cache.free_slot(client.get_json("/slots")) if match is not None else None
-                if match is None or slot is None:
-                    return payload
-                restoring = match
-                try:
-                    answer = client.post_json(f"/slots/{slot}?action=restore", {"filename": match.saved.path.name})
-                except APIError as exc:
-                    answer = {"error": str(exc)}
-        except GGUFProviderError as exc:
-            return _no_restore(restoring, exc, payload)
-        return {**payload, "id_slot": slot} if cache.restored(match, answer) else payload
+        return limits.apply_limits(payload, await self.acount_prompt_tokens(payload), n_ctx)
 
     async def arestore_prompt(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """On a server's first requests (:data:`~.runtime._serve.prompt_cache.FIRST_REQUESTS`): when a prompt saved
+        by an earlier server of this model and options shares at least ``MIN_TOKENS`` tokens with this request's,
+        restore it into a free slot and send the request there (``id_slot``), so that only the rest is processed.
+        Costs a directory listing (off the event loop) when nothing is saved; a failure only leaves the prompt to
+        be processed as usual."""
         cache = self._prompt_cache()
-        # The listing (a server's first requests only) in a worker thread: no file I/O on the event loop.
         looks = cache is not None and cache.left > 0 and "id_slot" not in payload
-        candidates = await asyncio.to_thread(cache.pending) if cache is not None and looks else []
+        candidates = await off_loop(cache.pending) if cache is not None and looks else []
         if cache is None or not candidates:
             return payload
         client = self.client
@@ -386,76 +366,32 @@ class Engine:
             return _no_restore(restoring, exc, payload)
         return {**payload, "id_slot": slot} if cache.restored(match, answer) else payload
 
-    def count_prompt_tokens(self, payload: dict[str, Any]) -> int:
+    async def acount_prompt_tokens(self, payload: dict[str, Any]) -> int:
         """Tokens of the prompt's text (the chat template applied by the server, then tokenized); image and audio
         parts are left out (their tokens show in the reply's usage)."""
         client = self.client
-        with self.guard():
-            return len(client.tokenize(client.apply_template(limits.template_payload(payload))))
-
-    def tokenize(self, text: str, *, special: bool = True) -> list[int]:
-        client = self.client
-        with self.guard():
-            return client.tokenize(text, special=special)
-
-    # requests -----------------------------------------------------------------------------------------------
-
-    def stream(self, payload: dict[str, Any], *, loop_guard: bool = True,
-               deadline: Deadline | None = None) -> Iterator[Event]:
-        """The reply's events. With ``loop_guard`` a reply that became a cycle is stopped (closing the stream
-        makes llama-server cancel it) and ends with :class:`LoopStopped` and ``Finish("repetition")``. A
-        ``deadline`` that fires ends the stream early, without a finish (:mod:`gguf_provider.deadline`)."""
-        payload = self.prepare(payload)
-        guard = LoopGuard() if loop_guard else None
-        with self.guard(), closing(self.client.stream_chat(payload, deadline)) as events:
-            for ev in events:
-                yield ev
-                stopped = guard.check(ev) if guard else None
-                if stopped:
-                    yield from stopped
-                    return
+        async with self.aguard():
+            return len(await client.atokenize(await client.aapply_template(limits.template_payload(payload))))
 
     async def astream(self, payload: dict[str, Any], *, loop_guard: bool = True,
                       deadline: Deadline | None = None) -> AsyncGenerator[Event, None]:
+        """The reply's events. With ``loop_guard`` a reply that became a cycle is stopped (closing the stream
+        makes llama-server cancel it) and ends with :class:`LoopStopped` and ``Finish("repetition")``. A
+        ``deadline`` that fires ends the stream early, without a finish (:mod:`gguf_provider.deadline`)."""
         payload = await self.aprepare(payload)
         guard = LoopGuard() if loop_guard else None
-        async with self.aguard():
-            async with aclosing(self.client.astream_chat(payload, deadline)) as events:
-                async for ev in events:
-                    yield ev
-                    stopped = guard.check(ev) if guard else None
-                    if stopped:
-                        for out in stopped:
-                            yield out
-                        return
-
-    def chat(self, payload: dict[str, Any], *, loop_guard: bool = True) -> Completion:
-        """A whole reply, folded from the stream (the one request path; no retry here)."""
-        col = Collector()
-        for ev in self.stream(payload, loop_guard=loop_guard):
-            col.add(ev)
-        return col.done()
-
-    def embed(self, inputs: list[str], *, truncate: bool = False, **extra: Any) -> list[list[float]]:
-        """One vector per text. A text longer than :meth:`embed_limit` tokens raises :class:`ContextOverflowError`
-        naming it, or with ``truncate`` is sent as its first tokens (the model's special tokens kept)."""
-        def run() -> list[list[float]]:
-            client = self.client
-            limit = self.embed_limit()
-            with self.guard():
-                sent: list[str | list[int]] = []
-                for i, text in enumerate(inputs):
-                    if not limits.may_exceed(text, limit):
-                        sent.append(text)
-                        continue
-                    with_special = client.tokenize(text)
-                    plain = client.tokenize(text, special=False) if truncate and len(with_special) > limit else []
-                    sent.append(limits.fit_text(i, text, with_special, plain, limit, truncate))
-                return client.embed(sent, **extra)
-
-        return self.retrying(run)
+        async with self.aguard(), aclosing(self.client.astream_chat(payload, deadline)) as events:
+            async for ev in events:
+                yield ev
+                stopped = guard.check(ev) if guard else None
+                if stopped:
+                    for out in stopped:
+                        yield out
+                    return
 
     async def aembed(self, inputs: list[str], *, truncate: bool = False, **extra: Any) -> list[list[float]]:
+        """One vector per text. A text longer than :meth:`embed_limit` tokens raises :class:`ContextOverflowError`
+        naming it, or with ``truncate`` is sent as its first tokens (the model's special tokens kept)."""
         async def run() -> list[list[float]]:
             await self.aload()
             client = self.client
@@ -474,35 +410,12 @@ class Engine:
 
         return await self.aretrying(run)
 
-    def rerank(self, query: str, documents: Sequence[str], *, top_n: int | None = None,
-               batch_size: int = RERANK_BATCH, **extra: Any) -> list[RerankResult]:
+    async def arerank(self, query: str, documents: Sequence[str], *, top_n: int | None = None,
+                      batch_size: int = RERANK_BATCH, **extra: Any) -> list[RerankResult]:
         """The documents' relevance to ``query``, best first (``top_n`` of them, or all): one
         :class:`RerankResult` (the document's index in ``documents``, its score) each, from ``/v1/rerank`` in
         requests of ``batch_size`` documents. A query+document pair longer than :meth:`embed_limit` tokens raises
         :class:`ContextOverflowError` naming the document, before any is scored. No documents: no request."""
-        docs = self._rerank_args(documents, top_n, batch_size)
-        if not docs:
-            return []
-
-        def run() -> list[RerankResult]:
-            client = self.client
-            limit = self.embed_limit()
-            with self.guard():
-                long = [i for i, d in enumerate(docs) if limits.pair_may_exceed(query, d, limit)]
-                if long:
-                    n_query = len(client.tokenize(query, special=False))
-                    for i in long:
-                        limits.check_pair(i, docs[i], n_query, len(client.tokenize(docs[i], special=False)), limit)
-                found: list[RerankResult] = []
-                for start in range(0, len(docs), batch_size):
-                    batch = client.rerank(query, docs[start:start + batch_size], **extra)
-                    found += [RerankResult(start + r.index, r.score) for r in batch]
-            return best_first(found, top_n)
-
-        return self.retrying(run)
-
-    async def arerank(self, query: str, documents: Sequence[str], *, top_n: int | None = None,
-                      batch_size: int = RERANK_BATCH, **extra: Any) -> list[RerankResult]:
         docs = self._rerank_args(documents, top_n, batch_size)
         if not docs:
             return []
@@ -526,25 +439,153 @@ class Engine:
 
         return await self.aretrying(run)
 
-    def _rerank_args(self, documents: Sequence[str], top_n: int | None, batch_size: int) -> list[str]:
-        if isinstance(documents, str):
-            raise ValueError("documents must be a list of texts, not one string")
-        if top_n is not None and top_n < 0:
-            raise ValueError(f"top_n must be None (every document) or >= 0, not {top_n}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, not {batch_size}")
-        if not (self.config.rerank or self.config.base_url):
-            raise ValueError("this engine's server is no reranker: EngineConfig(rerank=True, ...) starts one")
-        return list(documents)
+    # unasync: generated from the async source above by scripts/gen_sync.py; do not edit
+    @contextmanager
+    def guard(self) -> Iterator[None]:
+        """Map transport failures to our errors: :class:`ServerCrashedError` (with the log tail) when the server we
+        started died, else :class:`ServerConnectionError`. The failure's diagnosis (a process check with a grace,
+        the log) runs off the event loop."""
+        try:
+            yield
+        except httpx.TransportError as exc:
+            raise in_caller(self._failure, exc) from exc
 
-    def embed_limit(self) -> int:
-        """The most tokens one text (or one reranked query+document pair) may have: the slot's context, and for a
-        server we started, its physical batch (a non-causal embedder sees a text in one batch)."""
+    def retrying(self, call: SyncCall[T]) -> T:
+        """Run ``call`` again (on a fresh server) after a crash or lost connection, ``max_retries`` times."""
+        for attempt in itertools.count():
+            try:
+                return call()
+            except RPCWorkerLostError:
+                raise  # a worker that went away does not come back on a retry
+            except (ServerCrashedError, ServerConnectionError) as exc:
+                if attempt >= self.config.max_retries:
+                    raise
+                _log_retry(exc, attempt, self.config.max_retries)
+        raise AssertionError("unreachable")
+
+    def prepare(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """The payload as it is sent: its images and audio checked and inlined (:mod:`gguf_provider.media`),
+        ``max_tokens`` set to context - prompt when none is given, a larger one capped there, and a prompt that
+        alone fills the context refused.
+
+        Counting the prompt costs two small requests, so with an explicit ``max_tokens`` it is done only when a
+        cheap upper bound (one token per character, plus template overhead) says the request might not fit. The
+        count covers the text: an image's tokens are known only to the server, which stops a reply at the end of
+        the context (finish reason ``length``) and refuses an image prompt that does not fit
+        (:class:`ContextOverflowError`).
+        """
+        self.load()
+        payload = media.prepare(payload, self.modalities(), model=self._where(), policy=self.media_policy())
+        payload = self.restore_prompt(payload)
         n_ctx = self.n_ctx
-        if self._lease is None:
-            return n_ctx
-        ubatch = server_options.user_ubatch(self.config.server_args)
-        return min(n_ctx, ubatch if ubatch is not None else server_options.EMBED_UBATCH_MAX)
+        if not n_ctx or limits.fits(payload, n_ctx):
+            return payload
+        return limits.apply_limits(payload, self.count_prompt_tokens(payload), n_ctx)
+
+    def restore_prompt(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """On a server's first requests (:data:`~.runtime._serve.prompt_cache.FIRST_REQUESTS`): when a prompt saved
+        by an earlier server of this model and options shares at least ``MIN_TOKENS`` tokens with this request's,
+        restore it into a free slot and send the request there (``id_slot``), so that only the rest is processed.
+        Costs a directory listing (off the event loop) when nothing is saved; a failure only leaves the prompt to
+        be processed as usual."""
+        cache = self._prompt_cache()
+        looks = cache is not None and cache.left > 0 and "id_slot" not in payload
+        candidates = in_caller(cache.pending) if cache is not None and looks else []
+        if cache is None or not candidates:
+            return payload
+        client = self.client
+        restoring: prompt_cache.Match | None = None
+        try:
+            with self.guard():
+                tokens = client.tokenize(client.apply_template(limits.template_payload(payload)))
+                match = cache.choose(tokens, candidates)
+                slot = prompt_cache.free_slot(client.get_json("/slots")) if match is not None else None
+                if match is None or slot is None:
+                    return payload
+                restoring = match
+                try:
+                    answer = client.post_json(f"/slots/{slot}?action=restore",
+                                              {"filename": match.saved.path.name})
+                except APIError as exc:
+                    answer = {"error": str(exc)}
+        except GGUFProviderError as exc:
+            return _no_restore(restoring, exc, payload)
+        return {**payload, "id_slot": slot} if cache.restored(match, answer) else payload
+
+    def count_prompt_tokens(self, payload: dict[str, Any]) -> int:
+        """Tokens of the prompt's text (the chat template applied by the server, then tokenized); image and audio
+        parts are left out (their tokens show in the reply's usage)."""
+        client = self.client
+        with self.guard():
+            return len(client.tokenize(client.apply_template(limits.template_payload(payload))))
+
+    def stream(self, payload: dict[str, Any], *, loop_guard: bool = True,
+               deadline: Deadline | None = None) -> Generator[Event, None]:
+        """The reply's events. With ``loop_guard`` a reply that became a cycle is stopped (closing the stream
+        makes llama-server cancel it) and ends with :class:`LoopStopped` and ``Finish("repetition")``. A
+        ``deadline`` that fires ends the stream early, without a finish (:mod:`gguf_provider.deadline`)."""
+        payload = self.prepare(payload)
+        guard = LoopGuard() if loop_guard else None
+        with self.guard(), closing(self.client.stream_chat(payload, deadline)) as events:
+            for ev in events:
+                yield ev
+                stopped = guard.check(ev) if guard else None
+                if stopped:
+                    for out in stopped:
+                        yield out
+                    return
+
+    def embed(self, inputs: list[str], *, truncate: bool = False, **extra: Any) -> list[list[float]]:
+        """One vector per text. A text longer than :meth:`embed_limit` tokens raises :class:`ContextOverflowError`
+        naming it, or with ``truncate`` is sent as its first tokens (the model's special tokens kept)."""
+        def run() -> list[list[float]]:
+            self.load()
+            client = self.client
+            limit = self.embed_limit()
+            with self.guard():
+                sent: list[str | list[int]] = []
+                for i, text in enumerate(inputs):
+                    if not limits.may_exceed(text, limit):
+                        sent.append(text)
+                        continue
+                    with_special = client.tokenize(text)
+                    too_long = truncate and len(with_special) > limit
+                    plain = client.tokenize(text, special=False) if too_long else []
+                    sent.append(limits.fit_text(i, text, with_special, plain, limit, truncate))
+                return client.embed(sent, **extra)
+
+        return self.retrying(run)
+
+    def rerank(self, query: str, documents: Sequence[str], *, top_n: int | None = None,
+               batch_size: int = RERANK_BATCH, **extra: Any) -> list[RerankResult]:
+        """The documents' relevance to ``query``, best first (``top_n`` of them, or all): one
+        :class:`RerankResult` (the document's index in ``documents``, its score) each, from ``/v1/rerank`` in
+        requests of ``batch_size`` documents. A query+document pair longer than :meth:`embed_limit` tokens raises
+        :class:`ContextOverflowError` naming the document, before any is scored. No documents: no request."""
+        docs = self._rerank_args(documents, top_n, batch_size)
+        if not docs:
+            return []
+
+        def run() -> list[RerankResult]:
+            self.load()
+            client = self.client
+            limit = self.embed_limit()
+            with self.guard():
+                long = [i for i, d in enumerate(docs) if limits.pair_may_exceed(query, d, limit)]
+                if long:
+                    n_query = len(client.tokenize(query, special=False))
+                    for i in long:
+                        n_doc = len(client.tokenize(docs[i], special=False))
+                        limits.check_pair(i, docs[i], n_query, n_doc, limit)
+                found: list[RerankResult] = []
+                for start in range(0, len(docs), batch_size):
+                    batch = client.rerank(query, docs[start:start + batch_size], **extra)
+                    found += [RerankResult(start + r.index, r.score) for r in batch]
+            return best_first(found, top_n)
+
+        return self.retrying(run)
+
+    # unasync: end
 
     def with_config(self, **changes: Any) -> Engine:
         return Engine(replace(self.config, **changes), transport=self.transport)

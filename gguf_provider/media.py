@@ -26,7 +26,6 @@ The adapters translate their frameworks' image blocks into OpenAI ``image_url`` 
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import ipaddress
 import os
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
+from ._io import collect, gather, in_caller, off_loop
 from .errors import MediaFetchError, MediaURLRefusedError, UnsupportedInputError
 from .lazy import LazyModule
 
@@ -388,8 +388,14 @@ def read_file(url: str, *, max_bytes: int | None = None) -> str:
     return _data_uri(url, "", body)
 
 
-def fetch(url: str, *, transport: httpx.BaseTransport | None = None, max_bytes: int | None = None,
-          timeout: float | None = None, policy: FetchPolicy | None = None) -> str:
+# --- the payload -------------------------------------------------------------------------------------------------
+
+
+# The fetches, written once, async; the sync functions are generated from it (scripts/gen_sync.py).
+
+# unasync: async source
+async def afetch(url: str, *, transport: httpx.AsyncBaseTransport | None = None, max_bytes: int | None = None,
+                 timeout: float | None = None, policy: FetchPolicy | None = None) -> str:
     """The image at ``url`` as a base64 data URI; :class:`MediaFetchError` naming the URL on any failure, and
     :class:`MediaURLRefusedError` before any connection when the URL (or a redirect) points where ``policy``
     (default: ``$GGUF_PROVIDER_MEDIA_ALLOW_HOSTS``, public addresses only) does not allow. The limits default to
@@ -397,38 +403,7 @@ def fetch(url: str, *, transport: httpx.BaseTransport | None = None, max_bytes: 
     policy = policy or FetchPolicy.from_env()
     policy.check_on(url)
     if url.lower().startswith("file:") and policy.files:
-        return read_file(url, max_bytes=max_bytes)
-    max_bytes, timeout = max_bytes or MAX_IMAGE_BYTES, timeout or FETCH_TIMEOUT
-    deadline = time.monotonic() + timeout
-    current = url
-    try:
-        with httpx.Client(transport=transport or httpx.HTTPTransport(), **_client_kwargs(timeout)) as client:
-            for _ in range(MAX_REDIRECTS + 1):
-                request = _request(client, current, policy.pin(current, url), transport is None)
-                r = client.send(request, stream=True)
-                try:
-                    target = _redirect(r, current)
-                    if target is not None:
-                        current = target
-                        continue
-                    mime = _content_type(url, r, max_bytes)
-                    body = _Body(url, max_bytes, deadline)
-                    for chunk in r.iter_bytes():
-                        body.add(chunk)
-                finally:
-                    r.close()
-                return _data_uri(url, mime, bytes(body.data))
-    except httpx.HTTPError as exc:
-        raise _failure(url, exc) from exc
-    raise _too_many(url)
-
-
-async def afetch(url: str, *, transport: httpx.AsyncBaseTransport | None = None, max_bytes: int | None = None,
-                 timeout: float | None = None, policy: FetchPolicy | None = None) -> str:
-    policy = policy or FetchPolicy.from_env()
-    policy.check_on(url)
-    if url.lower().startswith("file:") and policy.files:
-        return await asyncio.to_thread(read_file, url, max_bytes=max_bytes)
+        return await off_loop(read_file, url, max_bytes=max_bytes)
     max_bytes, timeout = max_bytes or MAX_IMAGE_BYTES, timeout or FETCH_TIMEOUT
     deadline = time.monotonic() + timeout
     current = url
@@ -436,7 +411,7 @@ async def afetch(url: str, *, transport: httpx.AsyncBaseTransport | None = None,
         async with httpx.AsyncClient(transport=transport or httpx.AsyncHTTPTransport(),
                                      **_client_kwargs(timeout)) as client:
             for _ in range(MAX_REDIRECTS + 1):
-                address = await asyncio.to_thread(policy.pin, current, url)
+                address = await off_loop(policy.pin, current, url)  # a DNS lookup
                 r = await client.send(_request(client, current, address, transport is None), stream=True)
                 try:
                     target = _redirect(r, current)
@@ -455,11 +430,9 @@ async def afetch(url: str, *, transport: httpx.AsyncBaseTransport | None = None,
     raise _too_many(url)
 
 
-# --- the payload -------------------------------------------------------------------------------------------------
-
-
-def prepare(payload: dict[str, Any], available: Mapping[str, bool], *, model: str,
-            transport: httpx.BaseTransport | None = None, policy: FetchPolicy | None = None) -> dict[str, Any]:
+async def aprepare(payload: dict[str, Any], available: Mapping[str, bool], *, model: str,
+                   transport: httpx.AsyncBaseTransport | None = None,
+                   policy: FetchPolicy | None = None) -> dict[str, Any]:
     """``payload`` checked against the server's modalities, its image URLs checked against ``policy`` and inlined
     as data URIs. A payload without media parts is returned as it is."""
     messages = payload.get("messages")
@@ -470,13 +443,52 @@ def prepare(payload: dict[str, Any], available: Mapping[str, bool], *, model: st
     urls = remote_urls(messages, policy)
     if not urls:
         return payload
-    fetched = {url: fetch(url, transport=transport, policy=policy) for url in urls}
-    return {**payload, "messages": inline(messages, fetched)}  # type: ignore[arg-type]
+    uris = await gather(afetch(url, transport=transport, policy=policy) for url in urls)  # at once / in turn
+    return {**payload, "messages": inline(messages, dict(zip(urls, uris, strict=True)))}  # type: ignore[arg-type]
 
 
-async def aprepare(payload: dict[str, Any], available: Mapping[str, bool], *, model: str,
-                   transport: httpx.AsyncBaseTransport | None = None,
-                   policy: FetchPolicy | None = None) -> dict[str, Any]:
+# unasync: generated from the async source above by scripts/gen_sync.py; do not edit
+def fetch(url: str, *, transport: httpx.BaseTransport | None = None, max_bytes: int | None = None,
+     timeout: float | None = None, policy: FetchPolicy | None = None) -> str:
+    """The image at ``url`` as a base64 data URI; :class:`MediaFetchError` naming the URL on any failure, and
+    :class:`MediaURLRefusedError` before any connection when the URL (or a redirect) points where ``policy``
+    (default: ``$GGUF_PROVIDER_MEDIA_ALLOW_HOSTS``, public addresses only) does not allow. The limits default to
+    :data:`MAX_IMAGE_BYTES` and :data:`FETCH_TIMEOUT` (read at each call)."""
+    policy = policy or FetchPolicy.from_env()
+    policy.check_on(url)
+    if url.lower().startswith("file:") and policy.files:
+        return in_caller(read_file, url, max_bytes=max_bytes)
+    max_bytes, timeout = max_bytes or MAX_IMAGE_BYTES, timeout or FETCH_TIMEOUT
+    deadline = time.monotonic() + timeout
+    current = url
+    try:
+        with httpx.Client(transport=transport or httpx.HTTPTransport(),
+                     **_client_kwargs(timeout)) as client:
+            for _ in range(MAX_REDIRECTS + 1):
+                address = in_caller(policy.pin, current, url)  # a DNS lookup
+                r = client.send(_request(client, current, address, transport is None), stream=True)
+                try:
+                    target = _redirect(r, current)
+                    if target is not None:
+                        current = target
+                        continue
+                    mime = _content_type(url, r, max_bytes)
+                    body = _Body(url, max_bytes, deadline)
+                    for chunk in r.iter_bytes():
+                        body.add(chunk)
+                finally:
+                    r.close()
+                return _data_uri(url, mime, bytes(body.data))
+    except httpx.HTTPError as exc:
+        raise _failure(url, exc) from exc
+    raise _too_many(url)
+
+
+def prepare(payload: dict[str, Any], available: Mapping[str, bool], *, model: str,
+            transport: httpx.BaseTransport | None = None,
+            policy: FetchPolicy | None = None) -> dict[str, Any]:
+    """``payload`` checked against the server's modalities, its image URLs checked against ``policy`` and inlined
+    as data URIs. A payload without media parts is returned as it is."""
     messages = payload.get("messages")
     if not media_parts(messages):
         return payload
@@ -485,8 +497,11 @@ async def aprepare(payload: dict[str, Any], available: Mapping[str, bool], *, mo
     urls = remote_urls(messages, policy)
     if not urls:
         return payload
-    uris = await asyncio.gather(*(afetch(url, transport=transport, policy=policy) for url in urls))
+    uris = collect(fetch(url, transport=transport, policy=policy) for url in urls)  # at once / in turn
     return {**payload, "messages": inline(messages, dict(zip(urls, uris, strict=True)))}  # type: ignore[arg-type]
+
+
+# unasync: end
 
 
 def text_only(messages: Any) -> Any:

@@ -306,11 +306,15 @@ class EmbeddingOptions(EngineOptions, _EmbeddingServerFields, _Options):
     """A text longer than the model's context (e.g. 512 tokens for MiniLM): False raises
     `ContextOverflowError` naming it, True embeds its first tokens (never a silent cut)."""
 
+    # unasync: async source
+    async def aembed(self, texts: list[str]) -> list[list[float]]:
+        return await self.engine.aembed(texts, truncate=self.truncate, **self.extra_body()) if texts else []
+
+    # unasync: generated from the async source above by scripts/gen_sync.py; do not edit
     def embed(self, texts: list[str]) -> list[list[float]]:
         return self.engine.embed(texts, truncate=self.truncate, **self.extra_body()) if texts else []
 
-    async def aembed(self, texts: list[str]) -> list[list[float]]:
-        return await self.engine.aembed(texts, truncate=self.truncate, **self.extra_body()) if texts else []
+    # unasync: end
 
 
 class RerankOptions(EngineOptions):
@@ -325,13 +329,17 @@ class RerankOptions(EngineOptions):
         "Documents scored per `/v1/rerank` request; the best `top_n` are picked over all of them."))
     """Documents scored per `/v1/rerank` request; the best `top_n` are picked over all of them."""
 
+    # unasync: async source
+    async def arerank(self, query: str, documents: list[str]) -> list[RerankResult]:
+        return await self.engine.arerank(query, documents, top_n=self.top_n, batch_size=self.batch_size,
+                                         **self.extra_body()) if documents else []
+
+    # unasync: generated from the async source above by scripts/gen_sync.py; do not edit
     def rerank(self, query: str, documents: list[str]) -> list[RerankResult]:
         return self.engine.rerank(query, documents, top_n=self.top_n, batch_size=self.batch_size,
                                   **self.extra_body()) if documents else []
 
-    async def arerank(self, query: str, documents: list[str]) -> list[RerankResult]:
-        return await self.engine.arerank(query, documents, top_n=self.top_n, batch_size=self.batch_size,
-                                         **self.extra_body()) if documents else []
+    # unasync: end
 
 
 # The groups whose fields configure the engine (an EngineConfig field each, by name); the others are per request.

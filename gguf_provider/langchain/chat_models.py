@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import aclosing, contextmanager
+from contextlib import aclosing, closing, contextmanager
 from operator import itemgetter
 from typing import Any, Literal
 
@@ -143,38 +143,29 @@ class ChatGGUF(BaseChatModel, ChatOptions, LangChainExtras):
 
     # --- requests ---------------------------------------------------------------------------------------------
 
-    def _request(self, messages: list[BaseMessage], stop: list[str] | None,
-                 **kwargs: Any) -> tuple[Engine, chat.ChatRequest]:
-        if self.profile is None:
-            self.load()
+    def _chat_request(self, engine: Engine, messages: list[BaseMessage], stop: list[str] | None,
+                      kwargs: dict[str, Any]) -> chat.ChatRequest:
+        kwargs = dict(kwargs)
         kwargs.pop("ls_structured_output_format", None)
         model = kwargs.pop("model", None)
-        engine = self._engine_for(model)
         if model and self.base_url:
             kwargs["model"] = model  # an attached server in router mode picks the model by name
         if stop is not None:
             kwargs["stop"] = stop
         keep_reasoning = bool(engine.capabilities().get("supports_preserve_reasoning"))
-        return engine, self.chat_request(to_openai(messages, keep_reasoning=keep_reasoning), kwargs)
+        return self.chat_request(to_openai(messages, keep_reasoning=keep_reasoning), kwargs)
 
+    # The calls: each written once, async; the sync methods are generated from it (scripts/gen_sync.py).
+
+    # unasync: async source
     async def _arequest(self, messages: list[BaseMessage], stop: list[str] | None,
                         **kwargs: Any) -> tuple[Engine, chat.ChatRequest]:
-        """:meth:`_request` for the async paths: the servers it needs are loaded without blocking the loop."""
+        """The engine and request of a call, the servers they need loaded first (a coroutine's: off the loop)."""
         if self.profile is None:
             await self.aload()
-        await self._engine_for(kwargs.get("model")).aload()
-        return self._request(messages, stop, **kwargs)
-
-    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
-                  run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
-        if self.streaming:
-            from langchain_core.language_models.chat_models import generate_from_stream
-
-            return generate_from_stream(self._stream(messages, stop, run_manager, **kwargs))
-        engine, request = self._request(messages, stop, **kwargs)
-        with _lc_errors():
-            completion = chat.complete(engine, request)
-        return self._result(completion, engine.model_name)
+        engine = self._engine_for(kwargs.get("model"))
+        await engine.aload()
+        return engine, self._chat_request(engine, messages, stop, kwargs)
 
     async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                          run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
@@ -186,19 +177,6 @@ class ChatGGUF(BaseChatModel, ChatOptions, LangChainExtras):
         with _lc_errors():
             completion = await chat.acomplete(engine, request)
         return self._result(completion, engine.model_name)
-
-    def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
-                run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
-        engine, request = self._request(messages, stop, **kwargs)
-        chunks = _ChunkBuilder()
-        with _lc_errors():
-            for ev in chat.stream(engine, request):
-                chunk = chunks.chunk(ev)
-                if chunk is not None:
-                    if run_manager and isinstance(ev, TextDelta):
-                        run_manager.on_llm_new_token(ev.text, chunk=chunk)
-                    yield chunk
-        yield chunks.last(engine.model_name)
 
     async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                        run_manager: AsyncCallbackManagerForLLMRun | None = None,
@@ -214,6 +192,44 @@ class ChatGGUF(BaseChatModel, ChatOptions, LangChainExtras):
                             await run_manager.on_llm_new_token(ev.text, chunk=chunk)
                         yield chunk
         yield chunks.last(engine.model_name)
+
+    # unasync: generated from the async source above by scripts/gen_sync.py; do not edit
+    def _request(self, messages: list[BaseMessage], stop: list[str] | None,
+                 **kwargs: Any) -> tuple[Engine, chat.ChatRequest]:
+        """The engine and request of a call, the servers they need loaded first (a coroutine's: off the loop)."""
+        if self.profile is None:
+            self.load()
+        engine = self._engine_for(kwargs.get("model"))
+        engine.load()
+        return engine, self._chat_request(engine, messages, stop, kwargs)
+
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                  run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
+        if self.streaming:
+            from langchain_core.language_models.chat_models import generate_from_stream
+
+            return generate_from_stream(self._stream(messages, stop, run_manager, **kwargs))
+        engine, request = self._request(messages, stop, **kwargs)
+        with _lc_errors():
+            completion = chat.complete(engine, request)
+        return self._result(completion, engine.model_name)
+
+    def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                run_manager: CallbackManagerForLLMRun | None = None,
+                **kwargs: Any) -> Iterator[ChatGenerationChunk]:
+        engine, request = self._request(messages, stop, **kwargs)
+        chunks = _ChunkBuilder()
+        with _lc_errors():
+            with closing(chat.stream(engine, request)) as events:
+                for ev in events:
+                    chunk = chunks.chunk(ev)
+                    if chunk is not None:
+                        if run_manager and isinstance(ev, TextDelta):
+                            run_manager.on_llm_new_token(ev.text, chunk=chunk)
+                        yield chunk
+        yield chunks.last(engine.model_name)
+
+    # unasync: end
 
     def _result(self, c: Completion, model_name: str) -> ChatResult:
         calls, invalid = [], []

@@ -29,14 +29,18 @@ class GGUFEmbeddings(EmbeddingOptions, LangChainExtras, Embeddings):
         n = max(1, self.batch_size)
         return [texts[i:i + n] for i in range(0, len(texts), n)]
 
-    def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        return [v for batch in self._batches(texts) for v in self.embed(batch)]
-
-    def embed_query(self, text: str) -> list[float]:
-        return self.embed([text])[0]
-
+    # unasync: async source
     async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
         return [v for batch in self._batches(texts) for v in await self.aembed(batch)]
 
     async def aembed_query(self, text: str) -> list[float]:
         return (await self.aembed([text]))[0]
+
+    # unasync: generated from the async source above by scripts/gen_sync.py; do not edit
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return [v for batch in self._batches(texts) for v in self.embed(batch)]
+
+    def embed_query(self, text: str) -> list[float]:
+        return (self.embed([text]))[0]
+
+    # unasync: end

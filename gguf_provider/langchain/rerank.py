@@ -28,16 +28,19 @@ class GGUFRerank(RerankOptions, LangChainExtras, BaseDocumentCompressor):
 
     model_config = ConfigDict(defer_build=False)  # built at import (the option groups defer theirs)
 
-    def compress_documents(self, documents: Sequence[Document], query: str,
-                           callbacks: Callbacks | None = None) -> Sequence[Document]:
-        docs = list(documents)
-        return _scored(docs, self.rerank(query, [d.page_content for d in docs]))
-
+    # unasync: async source
     async def acompress_documents(self, documents: Sequence[Document], query: str,
                                   callbacks: Callbacks | None = None) -> Sequence[Document]:
         docs = list(documents)
         return _scored(docs, await self.arerank(query, [d.page_content for d in docs]))
 
+    # unasync: generated from the async source above by scripts/gen_sync.py; do not edit
+    def compress_documents(self, documents: Sequence[Document], query: str,
+                           callbacks: Callbacks | None = None) -> Sequence[Document]:
+        docs = list(documents)
+        return _scored(docs, self.rerank(query, [d.page_content for d in docs]))
+
+    # unasync: end
 
 def _scored(docs: list[Document], ranked: list[RerankResult]) -> list[Document]:
     """The ranked documents, best first, each a copy with its score in its metadata (the input is left as it was)."""

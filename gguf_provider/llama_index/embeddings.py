@@ -47,20 +47,24 @@ class GGUFEmbedding(BaseEmbedding, EmbeddingOptions, LlamaIndexExtras):
     def _texts(self, texts: list[str]) -> list[str]:
         return [f"{self.text_instruction}{t}" for t in texts] if self.text_instruction else texts
 
-    def _get_query_embedding(self, query: str) -> Embedding:
-        return self.embed([self._query(query)])[0]
-
+    # unasync: async source
     async def _aget_query_embedding(self, query: str) -> Embedding:
         return (await self.aembed([self._query(query)]))[0]
-
-    def _get_text_embedding(self, text: str) -> Embedding:
-        return self.embed(self._texts([text]))[0]
 
     async def _aget_text_embedding(self, text: str) -> Embedding:
         return (await self.aembed(self._texts([text])))[0]
 
+    async def _aget_text_embeddings(self, texts: list[str]) -> list[Embedding]:
+        return await self.aembed(self._texts(texts))
+
+    # unasync: generated from the async source above by scripts/gen_sync.py; do not edit
+    def _get_query_embedding(self, query: str) -> Embedding:
+        return (self.embed([self._query(query)]))[0]
+
+    def _get_text_embedding(self, text: str) -> Embedding:
+        return (self.embed(self._texts([text])))[0]
+
     def _get_text_embeddings(self, texts: list[str]) -> list[Embedding]:
         return self.embed(self._texts(texts))
 
-    async def _aget_text_embeddings(self, texts: list[str]) -> list[Embedding]:
-        return await self.aembed(self._texts(texts))
+    # unasync: end

@@ -106,30 +106,12 @@ class GGUF(FunctionCallingLLM, ChatOptions, LlamaIndexExtras):
         keep_reasoning = bool(self.engine.capabilities().get("supports_preserve_reasoning"))
         return self.chat_request(to_openai(messages, keep_reasoning=keep_reasoning), kwargs)
 
-    @llm_chat_callback()
-    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        request = self._request(messages, kwargs)
-        return response(self.engine.model_name, chat.complete(self.engine, request))
-
+    # unasync: async source
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        await self.engine.aload()  # before anything asks the server: a cold start must not block the loop
+        await self.engine.aload()  # before anything asks the server (a coroutine's cold start: off the loop)
         request = self._request(messages, kwargs)
         return response(self.engine.model_name, await chat.acomplete(self.engine, request))
-
-    @llm_chat_callback()
-    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        request = self._request(messages, kwargs)
-
-        def gen() -> Generator[ChatResponse, None, None]:
-            state = ResponseBuilder(self.engine.model_name)
-            for ev in chat.stream(self.engine, request):
-                r = state.feed(ev)
-                if r is not None:
-                    yield r
-            yield state.last()
-
-        return gen()
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
@@ -149,22 +131,8 @@ class GGUF(FunctionCallingLLM, ChatOptions, LlamaIndexExtras):
     # Completion goes through the chat template: the prompt becomes one user message.
 
     @llm_completion_callback()
-    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        return to_completion(self.chat(self._prompt_messages(prompt), **kwargs))
-
-    @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         return to_completion(await self.achat(self._prompt_messages(prompt), **kwargs))
-
-    @llm_completion_callback()
-    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
-        stream = self.stream_chat(self._prompt_messages(prompt), **kwargs)
-
-        def gen() -> Generator[CompletionResponse, None, None]:
-            for r in stream:
-                yield to_completion(r)
-
-        return gen()
 
     @llm_completion_callback()
     async def astream_complete(self, prompt: str, formatted: bool = False,
@@ -176,6 +144,49 @@ class GGUF(FunctionCallingLLM, ChatOptions, LlamaIndexExtras):
                 yield to_completion(r)
 
         return gen()
+
+    # unasync: generated from the async source above by scripts/gen_sync.py; do not edit
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        self.engine.load()  # before anything asks the server (a coroutine's cold start: off the loop)
+        request = self._request(messages, kwargs)
+        return response(self.engine.model_name, chat.complete(self.engine, request))
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        self.engine.load()
+        request = self._request(messages, kwargs)
+
+        def gen() -> Generator[ChatResponse, None]:
+            state = ResponseBuilder(self.engine.model_name)
+            for ev in chat.stream(self.engine, request):
+                r = state.feed(ev)
+                if r is not None:
+                    yield r
+            yield state.last()
+
+        return gen()
+
+    # Completion goes through the chat template: the prompt becomes one user message.
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        return to_completion(self.chat(self._prompt_messages(prompt), **kwargs))
+
+    @llm_completion_callback()
+    def stream_complete(self, prompt: str, formatted: bool = False,
+                        **kwargs: Any) -> CompletionResponseGen:
+        stream = self.stream_chat(self._prompt_messages(prompt), **kwargs)
+
+        def gen() -> Generator[CompletionResponse, None]:
+            for r in stream:
+                yield to_completion(r)
+
+        return gen()
+
+    # unasync: end
+
+    # Completion goes through the chat template: the prompt becomes one user message.
 
     def _prompt_messages(self, prompt: str) -> list[ChatMessage]:
         messages = [ChatMessage(role=MessageRole.USER, content=prompt)]
@@ -260,6 +271,18 @@ class GGUF(FunctionCallingLLM, ChatOptions, LlamaIndexExtras):
         return {**(llm_kwargs or {}), "response_format": {"type": "json_schema", "json_schema": {
             "name": schema.get("title", output_cls.__name__), "schema": schema, "strict": True}}}
 
+    # unasync: async source
+    async def astructured_predict(self, output_cls: type[Model], prompt: PromptTemplate,
+                                  llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any) -> Model:
+        """Structured prediction with the output schema enforced by the server's grammar (JSON schema)."""
+        if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
+            result: Model = await super().astructured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
+            return result
+        messages = self._get_messages(prompt, **prompt_args)
+        response = await self.achat(messages, **self._structured_kwargs(output_cls, llm_kwargs))
+        return output_cls.model_validate_json(response.message.content or "")
+
+    # unasync: generated from the async source above by scripts/gen_sync.py; do not edit
     def structured_predict(self, output_cls: type[Model], prompt: PromptTemplate,
                            llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any) -> Model:
         """Structured prediction with the output schema enforced by the server's grammar (JSON schema)."""
@@ -270,14 +293,7 @@ class GGUF(FunctionCallingLLM, ChatOptions, LlamaIndexExtras):
         response = self.chat(messages, **self._structured_kwargs(output_cls, llm_kwargs))
         return output_cls.model_validate_json(response.message.content or "")
 
-    async def astructured_predict(self, output_cls: type[Model], prompt: PromptTemplate,
-                                  llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any) -> Model:
-        if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
-            result: Model = await super().astructured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
-            return result
-        messages = self._get_messages(prompt, **prompt_args)
-        response = await self.achat(messages, **self._structured_kwargs(output_cls, llm_kwargs))
-        return output_cls.model_validate_json(response.message.content or "")
+    # unasync: end
 
     def _structured_stream_call(self, output_cls: type[Model], prompt: PromptTemplate,
                                 llm_kwargs: dict[str, Any] | None = None,

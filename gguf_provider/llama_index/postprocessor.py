@@ -30,16 +30,19 @@ class GGUFRerankPostprocessor(BaseNodePostprocessor, RerankOptions, LlamaIndexEx
     def class_name(cls) -> str:
         return "GGUFRerankPostprocessor"
 
-    def _postprocess_nodes(self, nodes: list[NodeWithScore],
-                           query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
-        query = _query(query_bundle)
-        return _scored(nodes, self.rerank(query, _texts(nodes)))
-
+    # unasync: async source
     async def _apostprocess_nodes(self, nodes: list[NodeWithScore],
                                   query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
         query = _query(query_bundle)
         return _scored(nodes, await self.arerank(query, _texts(nodes)))
 
+    # unasync: generated from the async source above by scripts/gen_sync.py; do not edit
+    def _postprocess_nodes(self, nodes: list[NodeWithScore],
+                           query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
+        query = _query(query_bundle)
+        return _scored(nodes, self.rerank(query, _texts(nodes)))
+
+    # unasync: end
 
 def _query(query_bundle: QueryBundle | None) -> str:
     if query_bundle is None:

@@ -97,6 +97,9 @@ class _Rambler:
     closed = False
     props: dict[str, Any] = {}  # no chat template: no family
 
+    def load(self) -> None:
+        pass
+
     def stream(self, payload: dict[str, Any], *, loop_guard: bool = True, deadline: Any = None) -> Iterator[Event]:
         try:
             while True:
