@@ -7,7 +7,6 @@ attaches to a running server never loads the installer or the planner.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -261,17 +260,12 @@ class Runtime:
         return ModelPlan(placed, where, extra)
 
 
-_default: Runtime | None = None
-_default_lock = threading.Lock()
+_default = Runtime()  # stateless over the process's manager (asked at each call)
 
 
 def default() -> Runtime:
     """The process's Runtime (over the process's server manager)."""
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = Runtime()
-        return _default
+    return _default
 
 
 __all__ = ["Devices", "ModelPlan", "Runtime", "Stopped", "default"]
