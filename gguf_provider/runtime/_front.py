@@ -62,9 +62,10 @@ class ModelPlan:
 
 class Runtime:
     """One front door to the runtime (thread-safe). Servers: :meth:`acquire` / :meth:`aacquire` (a lease on a
-    healthy server), :meth:`attach`, :meth:`status`, :meth:`stop`. Models: :meth:`resolve`, :meth:`pull`,
-    :meth:`models`. llama-server: :meth:`binary`, :meth:`install`, :meth:`server_info`. Memory: :meth:`devices`,
-    :meth:`plan`. ``manager`` (tests: one with fake collaborators) defaults to the process's."""
+    healthy server), :meth:`attach`, :meth:`spec`, :meth:`status`, :meth:`stop`. Models: :meth:`resolve`,
+    :meth:`pull`, :meth:`models`. llama-server: :meth:`find_binary`, :meth:`binary`, :meth:`install`,
+    :meth:`server_info`, :meth:`capabilities`, :meth:`backend`. Memory: :meth:`devices`, :meth:`plan`.
+    ``manager`` (tests: one with fake collaborators) defaults to the process's."""
 
     def __init__(self, manager: ServerManager | None = None) -> None:
         self._manager = manager
