@@ -108,8 +108,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
     now_running = default().status(live=True)  # each server's /metrics, all at once, "–" after a bounded wait
     rows, budget = now_running.servers, now_running.budget
     if args.json:
-        print(json.dumps({"servers": [dataclasses.asdict(r) for r in rows], "budget": dataclasses.asdict(budget)},
-                         indent=2))
+        print(json.dumps({"servers": [dataclasses.asdict(r) for r in rows], "budget": dataclasses.asdict(budget),
+                          "gateways": [dataclasses.asdict(g) for g in now_running.gateways]}, indent=2))
         return 0
     if not rows:
         print("no servers running")
@@ -120,8 +120,12 @@ def cmd_ps(args: argparse.Namespace) -> int:
               f"{r.address}" + (f"  workers {','.join(r.workers)}" if r.workers else "")
               + (f"  {r.describe_options()}" if r.describe_options() else "")
               + (f"\n    on {r.describe_placement()}" if r.placement else "")
+              + (f"\n    held by the gateway at {r.gateway}" if r.gateway else "")
               + f"\n    live: {r.describe_metrics()}" + (f"\n    log: {r.log}" if r.log else ""))
     print(budget.describe())
+    for g in now_running.gateways:
+        print(f"gateway at {g.url} (pid {g.pid}) holds {len(g.servers)} server(s)"
+              + (f": {', '.join(g.servers)}" if g.servers else ""))
     return 0
 
 
@@ -216,6 +220,8 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    if args.spec is None:
+        return cmd_gateway(args)
     from .engine import Engine, EngineConfig
 
     # A value this build (or the fit) refuses is a ValueError, exit 2 in main() as for every command
@@ -235,6 +241,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
         pass
     finally:
         engine.unload()
+    return 0
+
+
+def cmd_gateway(args: argparse.Namespace) -> int:
+    from . import gateway
+
+    key = gateway.read_key_file(args.api_key_file) if args.api_key_file else None
+    options = flags.values(args)
+    port = options.pop("port", None)  # with no model, --port is the gateway's (its servers get private sockets)
+    settings = gateway.Settings(host=args.host, port=gateway.DEFAULT_PORT if port is None else port, api_key=key,
+                                allow_origins=tuple(args.allow_origin), max_body=args.max_body,
+                                keep_alive=args.keep_alive, server_options=options)
+
+    def ready(url: str) -> None:
+        print(f"gateway at {url} (OpenAI {url}/v1, Anthropic {url}, Ollama {url}); models from "
+              f"`gguf-provider models` or any org/repo[:QUANT]; Ctrl-C stops it", flush=True)
+        if key:
+            print(f"clients send the API key in {args.api_key_file}", flush=True)
+
+    gateway.serve(settings, on_ready=ready)
     return 0
 
 
@@ -387,6 +413,9 @@ def _verbose(parser: argparse.ArgumentParser, dest: str) -> None:
                         help="log what gguf-provider does to stderr: -v info, -vv debug (docs/logging.md)")
 
 
+DEFAULT_GATEWAY_PORT = 11480  # gateway.DEFAULT_PORT (the gateway loads only when it runs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole ``gguf-provider`` parser: every command and flag is declared here."""
     p = argparse.ArgumentParser(prog="gguf-provider", description="Local GGUF models on a managed llama-server.")
@@ -441,9 +470,23 @@ def build_parser() -> argparse.ArgumentParser:
     pull.add_argument("--quant")
     pull.add_argument("--vision", action="store_true")
     _command(sub, "models", cmd_models, "list local GGUF models (models dirs and HF cache)", json_flag=True)
-    serve = _command(sub, "serve", cmd_serve, "run a model in the foreground (shared with other clients)")
-    serve.add_argument("spec", help="a model: path, name in the models dir, or org/repo[:QUANT]")
+    serve = _command(sub, "serve", cmd_serve, "run a model in the foreground (shared with other clients); with no "
+                     "model, a gateway that serves every model over OpenAI, Anthropic and Ollama's APIs (its port: "
+                     f"--port, default {DEFAULT_GATEWAY_PORT})")
+    serve.add_argument("spec", nargs="?", help="a model: path, name in the models dir, or org/repo[:QUANT] (none: the "
+                       "gateway)")
     serve.add_argument("--quant", help="the quantization to pick from a repo (as :QUANT)")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="the gateway's address (default: loopback only; another needs --api-key-file)")
+    serve.add_argument("--api-key-file", metavar="PATH",
+                       help="a file (mode 600) holding the key clients must send (Authorization: Bearer or x-api-key)")
+    serve.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                       help="a web page origin the gateway answers (CORS; repeatable; default: none)")
+    serve.add_argument("--max-body", type=int, default=64 * 2**20, metavar="BYTES",
+                       help="the largest request body taken (default 64 MiB)")
+    serve.add_argument("--keep-alive", type=float, metavar="SECONDS",
+                       help="how long a model the gateway started stays loaded once idle (default: "
+                            "$GGUF_PROVIDER_KEEP_ALIVE or 300)")
     flags.add_to(serve)  # every llama-server option of a chat model, as ChatGGUF and GGUF take it
     worker = _command(sub, "rpc-worker", cmd_rpc_worker,
                       "run a llama.cpp RPC worker (rpc-server) in the foreground for another machine's llama-server")

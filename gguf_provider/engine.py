@@ -183,16 +183,18 @@ class Engine:
                 lease.abandon()
             self._drop()
 
-    def _drop(self) -> None:
+    def _drop(self, *, stop: bool = False) -> None:
         if self._client is not None:
             self._client.close()
         if self._lease is not None:
-            self._lease.release()
+            self._lease.release(stop=stop)
         self._lease = self._info = self._client = None
 
-    def unload(self) -> None:
+    def unload(self, *, stop: bool = False) -> None:
+        """Give back the lease; ``stop``: the server stops now unless another client holds it (else it lives on for
+        its keep_alive)."""
         with self._lock:
-            self._drop()
+            self._drop(stop=stop)
 
     @property
     def info(self) -> ServerInfo:

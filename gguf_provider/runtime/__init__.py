@@ -26,13 +26,14 @@ if TYPE_CHECKING:
     from ._serve.health import DEFAULT_START_TIMEOUT
     from ._serve.manager import Lease, ServerInfo
     from ._serve.server_options import OPTIONS, ServerOption, ServerSpec
-    from ._serve.status import BudgetStatus, ServerStatus, Status
+    from ._serve.status import BudgetStatus, GatewayStatus, ServerStatus, Status
 
 _HOMES = {
     "Runtime": "_front", "default": "_front", "Devices": "_front", "ModelPlan": "_front", "Stopped": "_front",
     "Lease": "_serve.manager", "ServerInfo": "_serve.manager",
     "ServerSpec": "_serve.server_options", "ServerConfig": "_serve.config", "ServerOption": "_serve.server_options", "OPTIONS": "_serve.server_options",
     "Status": "_serve.status", "ServerStatus": "_serve.status", "BudgetStatus": "_serve.status",
+    "GatewayStatus": "_serve.status",
     "DEFAULT_START_TIMEOUT": "_serve.health", "Address": "_common.process", "InUse": "_install.backend",
     "ServerCapabilities": "_install.discovery",
     "ModelRef": "_models", "ModelSource": "_common.model_source", "Resolution": "_models", "ResolvedModel": "_models",
@@ -50,7 +51,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "Address", "BudgetStatus", "Cancel", "default", "DEFAULT_START_TIMEOUT", "Devices", "InUse", "Lease", "LocalModel", "ModelPlan",
+    "Address", "BudgetStatus", "Cancel", "default", "DEFAULT_START_TIMEOUT", "Devices", "GatewayStatus", "InUse", "Lease", "LocalModel", "ModelPlan",
     "ModelRef", "ModelSource", "OPTIONS", "Progress", "Resolution", "ResolvedModel", "Runtime", "ServerCapabilities", "ServerConfig", "ServerInfo",
     "ServerOption", "ServerSpec", "ServerStatus", "Status", "Stopped",
 ]

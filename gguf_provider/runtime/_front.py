@@ -7,7 +7,8 @@ attaches to a running server never loads the installer or the planner.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,8 +63,8 @@ class ModelPlan:
 
 class Runtime:
     """One front door to the runtime (thread-safe). Servers: :meth:`acquire` / :meth:`aacquire` (a lease on a
-    healthy server), :meth:`attach`, :meth:`spec`, :meth:`status`, :meth:`stop`. Models: :meth:`resolve`,
-    :meth:`pull`, :meth:`models`. llama-server: :meth:`find_binary`, :meth:`binary`, :meth:`install`,
+    healthy server), :meth:`attach`, :meth:`spec`, :meth:`status`, :meth:`stop`, :meth:`gateway`. Models: :meth:`resolve`,
+    :meth:`pull`, :meth:`models`, :meth:`describe`, :meth:`confine`. llama-server: :meth:`find_binary`, :meth:`binary`, :meth:`install`,
     :meth:`server_info`, :meth:`capabilities`, :meth:`backend`. Memory: :meth:`devices`, :meth:`plan`.
     ``manager`` (tests: one with fake collaborators) defaults to the process's."""
 
@@ -114,6 +115,18 @@ class Runtime:
 
         return status(live=live)
 
+    @contextmanager
+    def gateway(self, url: str) -> Iterator[None]:
+        """While the body runs, this process is a gateway at ``url``: ``status`` (``gguf-provider ps``) says which
+        servers it holds."""
+        from ._serve.status import register_gateway, unregister_gateway
+
+        path = register_gateway(url)
+        try:
+            yield
+        finally:
+            unregister_gateway(path)
+
     def stop(self, which: str | None = None) -> list[Stopped]:
         """Stop our servers whose id starts with ``which`` (None: all of them), or remove their stale entries."""
         from ._serve import registry
@@ -150,6 +163,27 @@ class Runtime:
         from ._models import pull
 
         return pull(ref, force=force)
+
+    def confine(self, name: str) -> None:
+        """ModelNotFoundError unless ``name`` is a model a shared endpoint may serve: a models-dir name, a Hugging
+        Face repo, or a path inside the models dirs or the Hugging Face cache (no other path is looked at)."""
+        from ._models import confine
+
+        confine(name)
+
+    def describe(self, ref: ModelRef | str) -> dict[str, Any]:
+        """What a model is, from its file's header (nothing is started): its path, size, quant, architecture,
+        context length, pooling (embedders), chat template, and the header's scalar metadata."""
+        from ._common import gguf
+
+        model = self.resolve(ref).model
+        header = gguf.read_header(model.path)
+        scalars = {k: v for k, v in header.metadata.items() if isinstance(v, (str, int, float, bool))
+                   and not k.startswith("tokenizer.")}
+        return {"path": str(model.path), "size": model.size_bytes, "quant": model.quant,
+                "architecture": header.architecture, "name": header.name, "context_length": header.context_length,
+                "pooling": header.pooling_type not in (None, 0), "chat_template": header.chat_template,
+                "modified": model.path.stat().st_mtime, "metadata": scalars}
 
     def models(self) -> list[LocalModel]:
         """The GGUF models on this machine: the models dirs, then the Hugging Face cache."""

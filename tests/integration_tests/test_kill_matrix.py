@@ -5,6 +5,7 @@ go on listening or running."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -65,6 +66,42 @@ def test_serve_leaves_no_server_behind(rt: RuntimeEnv, sig: signal.Signals) -> N
         wait_until(lambda: _gone(server), GONE_WITHIN)
         wait_until(lambda: not rpc.reachable(f"127.0.0.1:{port}", timeout=GONE_WITHIN), GONE_WITHIN)
         wait_until(lambda: not rt.watchdogs(), GONE_WITHIN)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(GONE_WITHIN)
+        for p in rt.servers():
+            p.kill()
+
+
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
+def test_the_gateway_leaves_no_server_behind(rt: RuntimeEnv, sig: signal.Signals) -> None:
+    """`serve` with no model, holding a model it started for a request: `ps` names it as the holder; killed with
+    any signal, the server goes (its lease ends; keep_alive 0), and so does its line in `ps`."""
+    import httpx
+
+    port = free_port()
+    env = dict(os.environ, PYTHONUNBUFFERED="1", GGUF_PROVIDER_MODELS=str(rt.model.parent))
+    proc = subprocess.Popen([sys.executable, "-m", "gguf_provider.cli", "serve", "--port", str(port), "--ctx", "1024"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                            start_new_session=True, env=env)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("gateway at"), line
+        url = line.split()[2]
+        r = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
+            "model": rt.model.stem, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200, r.text
+        (server,) = rt.servers()
+        shown = json.loads(rt.gguf_cli("ps", "--json").stdout)
+        assert [g["url"] for g in shown["gateways"]] == [url]
+        assert [s["gateway"] for s in shown["servers"]] == [url]
+        os.kill(proc.pid, sig)
+        proc.wait(GONE_WITHIN)
+        wait_until(lambda: _gone(server), GONE_WITHIN)
+        wait_until(lambda: not rt.watchdogs(), GONE_WITHIN)
+        assert json.loads(rt.gguf_cli("ps", "--json").stdout)["gateways"] == []
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -21,7 +21,7 @@ from .._common.model_source import ModelSource
 from .files import DEFAULT_QUANT_PREFERENCE, parse_quant, quant_matches
 from .hub import list_cached
 from .local import list_models_dirs, resolve_mmproj
-from .resolve import pull, resolve, resolve_model
+from .resolve import confine, pull, resolve, resolve_model
 from .spec import LocalModel, ModelRef, Resolution, ResolvedModel
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "Resolution",
     "ResolvedModel",
     "list_local_models",
+    "confine",
     "parse_quant",
     "pull",
     "quant_matches",

@@ -10,6 +10,7 @@ import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 from ...errors import ModelNotFoundError
@@ -110,3 +111,25 @@ def resolve_model(ref: ModelRef) -> ResolvedModel:
     InsufficientDiskError or ModelDownloadError, each with a message that says what to do.
     """
     return resolve(ref).model
+
+
+def confine(name: str) -> None:
+    """ModelNotFoundError unless ``name`` is a model a shared endpoint (the gateway) may serve: a models-dir name, a
+    Hugging Face repo (``org/repo[:QUANT]``), or a path to a file inside the models dirs or the Hugging Face cache.
+    No other path is looked at, so a request cannot make the endpoint read a file anywhere else."""
+    from .._common import paths
+    from .hub import _hf_cache
+
+    spec = parse(ModelRef(name))
+    if spec.kind == "hf" and not any(part in ("", ".", "..") or part.startswith(".") for part in spec.value.split("/")):
+        return
+    if spec.kind == "name" and "/" not in spec.value and "\\" not in spec.value and not spec.value.startswith("."):
+        return
+    if spec.kind == "path":
+        real = Path(spec.value).expanduser().resolve()
+        roots = [d.resolve() for d in (*paths.models_dirs(), _hf_cache(None))]
+        if real.suffix == ".gguf" and any(real.is_relative_to(root) for root in roots):
+            return
+    raise ModelNotFoundError(
+        f"{name!r} is not a model this endpoint serves: give a name from its model list (/v1/models, /api/tags), "
+        "a Hugging Face repo as 'org/repo[:QUANT]', or a path inside the models dirs or the Hugging Face cache")

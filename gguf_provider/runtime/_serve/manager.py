@@ -97,10 +97,12 @@ class Lease:
         self.started = started  # this acquire started the server (it was not running before)
         self.released = False
 
-    def release(self) -> None:
+    def release(self, *, stop: bool = False) -> None:
+        """Give the lease back; ``stop``: the server stops now when no other client holds it, instead of after its
+        keep_alive (Ollama's ``keep_alive: 0``)."""
         if not self.released:
             self.released = True
-            self._manager._release(self.info.key)
+            self._manager._release(self.info.key, stop_unused=stop)
 
     def abandon(self) -> None:
         """Release a lease whose caller went away before using it (a cancelled load): a server this acquire
@@ -578,8 +580,10 @@ class ServerManager:
                 data[key] = entry
                 return
             del data[key]
-        logger.info("the last lease of server pid %d (%s) ended and %s: stopping it", entry.pid,
-                    Path(entry.model).name, "its load was cancelled" if stop_unused else "its keep_alive is 0")
+        why = "its last client asked it to stop (a cancelled load, keep_alive 0)" if stop_unused else \
+            "its keep_alive is 0"
+        logger.info("the last lease of server pid %d (%s) ended and %s: stopping it", entry.pid, Path(entry.model).name,
+                    why)
         self._registry.stop_entry(entry)
 
 

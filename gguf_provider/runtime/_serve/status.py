@@ -6,11 +6,14 @@ Rows only, no formatting: the CLI prints them as text or JSON, the magics as a t
 
 from __future__ import annotations
 
+import json
+import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .._common import paths, process
 from .._common.process import Address
 from . import budget, metrics, registry
 from .metrics import ServerMetrics
@@ -45,6 +48,8 @@ class ServerStatus:
     # Its live numbers from /metrics and /slots (runtime/_serve/metrics.py): tok/s, KV use, requests, draft acceptance;
     # None when it did not answer within the bound (or was not asked: ``running_servers(live=False)``).
     metrics: ServerMetrics | None = None
+    gateway: str | None = None  # the URL of the gateway (`gguf-provider serve` with no model) holding it
+
 
     def describe_metrics(self) -> str:
         """The live numbers in one line; "–" when the server did not answer."""
@@ -126,13 +131,60 @@ def memory_budget(rows: list[ServerStatus] | None = None) -> BudgetStatus:
 
 
 @dataclass(frozen=True)
+class GatewayStatus:
+    """A running gateway: its process, its URL, the ids of the servers it holds now."""
+
+    pid: int
+    url: str
+    servers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Status:
-    """What ``gguf-provider ps`` shows: the servers we run and the memory budget they share."""
+    """What ``gguf-provider ps`` shows: the servers we run, the memory budget they share, the gateways."""
 
     servers: list[ServerStatus]
     budget: BudgetStatus
+    gateways: list[GatewayStatus] = field(default_factory=list)
 
 
 def status(*, live: bool = False) -> Status:
     rows = running_servers(live=live)
-    return Status(rows, memory_budget(rows))
+    found = gateways()
+    by_pid = {g["pid"]: g["url"] for g in found}
+    rows = [replace(r, gateway=by_pid[min(set(r.holders) & set(by_pid))]) if set(r.holders) & set(by_pid) else r
+            for r in rows]
+    held = [GatewayStatus(g["pid"], g["url"], tuple(r.id for r in rows if g["pid"] in r.holders)) for g in found]
+    return Status(rows, memory_budget(rows), held)
+
+
+def _gateways_dir() -> Path:
+    return paths.ensure_private_dir(paths.runtime_dir() / "gateways")
+
+
+def register_gateway(url: str) -> Path:
+    """Say that this process is a gateway at ``url`` (``ps`` shows which servers it holds); a file in the private
+    runtime dir, removed by :func:`unregister_gateway`, or by the next reader once the process is gone."""
+    path = _gateways_dir() / f"{os.getpid()}.json"
+    path.write_text(json.dumps({"pid": os.getpid(), "create_time": process.create_time(os.getpid()), "url": url}))
+    return path
+
+
+def unregister_gateway(path: Path) -> None:
+    path.unlink(missing_ok=True)
+
+
+def gateways() -> list[dict[str, Any]]:
+    """The running gateways (``pid``, ``url``); the files of gone ones are removed."""
+    out = []
+    for path in sorted(_gateways_dir().glob("*.json")):
+        try:
+            g = json.loads(path.read_text())
+            alive = process.process_matches(int(g["pid"]), float(g["create_time"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            alive, g = False, {}
+        if alive:
+            out.append(g)
+        else:
+            path.unlink(missing_ok=True)
+    return out

@@ -1,0 +1,260 @@
+"""The Anthropic wire protocol: ``/v1/messages`` (streamed or not: text, tools, thinking, images) and
+``/v1/messages/count_tokens``: messages translated into the chat layer's (OpenAI-shaped) ones, its events into
+Anthropic's content blocks and stream events."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from .. import chat
+from ..events import Completion, Event, Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
+from .common import (
+    BadRequest,
+    dumps,
+    field,
+    json_body,
+    kind_of,
+    message_of,
+    model_name,
+    new_id,
+    open_events,
+    streaming,
+)
+
+if TYPE_CHECKING:
+    from .state import Gateway
+
+STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "repetition": "max_tokens"}
+ERROR_TYPES = {"not_found": "not_found_error", "bad_request": "invalid_request_error",
+               "context_length_exceeded": "invalid_request_error", "overloaded": "overloaded_error",
+               "server_error": "api_error", "internal": "api_error", "unauthorized": "authentication_error",
+               "forbidden": "permission_error", "too_large": "request_too_large"}
+# Request fields read here, or that have no meaning for a local model; any other goes to llama-server as it is.
+_READ = frozenset({"model", "messages", "system", "max_tokens", "stop_sequences", "stream", "tools", "tool_choice",
+                   "thinking", "metadata", "service_tier", "container", "mcp_servers", "context_management",
+                   "max_time", "loop_guard"})
+
+
+def error(exc: BaseException) -> JSONResponse:
+    return JSONResponse(error_body(exc), status_code=kind_of(exc)[0])
+
+
+def error_body(exc: BaseException) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": ERROR_TYPES[kind_of(exc)[1]], "message": message_of(exc)}}
+
+
+# --- requests ----------------------------------------------------------------------------------------------------
+
+
+def _text(content: Any, where: str) -> str:
+    """The text of a string or a list of text blocks."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for block in content:
+            if not isinstance(block, dict) or block.get("type") != "text":
+                raise BadRequest(f"{where}: only text blocks are taken here, not {_kind(block)}")
+            parts.append(str(block.get("text", "")))
+        return "\n".join(parts)
+    raise BadRequest(f"{where} must be a string or a list of text blocks")
+
+
+def _kind(block: Any) -> str:
+    return repr(block.get("type")) if isinstance(block, dict) else type(block).__name__
+
+
+def _image(block: dict[str, Any]) -> dict[str, Any]:
+    source = block.get("source") or {}
+    if source.get("type") == "base64":
+        return {"type": "image_url", "image_url": {"url": f"data:{source.get('media_type')};base64,{source.get('data')}"}}
+    if source.get("type") == "url":
+        return {"type": "image_url", "image_url": {"url": source.get("url")}}
+    raise BadRequest(f"an image's source must be base64 or url, not {source.get('type')!r}")
+
+
+def messages(system: Any, given: list[Any]) -> list[dict[str, Any]]:
+    """Anthropic's ``system`` and ``messages`` as OpenAI-shaped messages (tool results become ``tool`` messages)."""
+    out: list[dict[str, Any]] = []
+    if system:
+        out.append({"role": "system", "content": _text(system, "`system`")})
+    for i, m in enumerate(given):
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+            raise BadRequest(f"messages[{i}] must be an object whose role is user or assistant")
+        role, content = m["role"], m.get("content")
+        if isinstance(content, str):
+            out.append({"role": role, "content": content})
+            continue
+        if not isinstance(content, list):
+            raise BadRequest(f"messages[{i}].content must be a string or a list of blocks")
+        parts: list[dict[str, Any]] = []
+        calls: list[dict[str, Any]] = []
+        reasoning = []
+        for block in content:
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind == "text":
+                parts.append({"type": "text", "text": str(block.get("text", ""))})
+            elif kind == "image" and role == "user":
+                parts.append(_image(block))
+            elif kind == "tool_result" and role == "user":
+                result = block.get("content")
+                text = "" if result is None else _text(result, f"messages[{i}] tool_result content")
+                out.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")),
+                            "content": f"Error: {text}" if block.get("is_error") else text})
+            elif kind == "tool_use" and role == "assistant":
+                calls.append({"id": str(block.get("id", "")), "type": "function",
+                              "function": {"name": str(block.get("name", "")),
+                                           "arguments": json.dumps(block.get("input") or {})}})
+            elif kind == "thinking" and role == "assistant":
+                reasoning.append(str(block.get("thinking", "")))
+            elif kind == "redacted_thinking":
+                continue
+            else:
+                raise BadRequest(f"messages[{i}]: a {_kind(block)} block is not taken in a {role} message")
+        if not parts and not calls and not reasoning:
+            continue  # only tool results
+        msg: dict[str, Any] = {"role": role}
+        if all(p["type"] == "text" for p in parts):
+            msg["content"] = "\n".join(p["text"] for p in parts)
+        else:
+            msg["content"] = parts
+        if calls:
+            msg["tool_calls"] = calls
+        if reasoning:
+            msg["reasoning_content"] = "\n".join(reasoning)
+        out.append(msg)
+    return out
+
+
+def tools(given: list[Any] | None) -> list[dict[str, Any]]:
+    out = []
+    for t in given or ():
+        if not isinstance(t, dict) or "name" not in t or "input_schema" not in t:
+            raise BadRequest("each tool needs a name and an input_schema (server tools are not served locally)")
+        out.append({"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
+                                                      "parameters": t["input_schema"]}})
+    return out
+
+
+def chat_request(body: dict[str, Any]) -> chat.ChatRequest:
+    params = {k: v for k, v in body.items() if k not in _READ}
+    params["max_tokens"] = field(body, "max_tokens", int, required=True)
+    stop = field(body, "stop_sequences", list)
+    if stop:
+        params["stop"] = stop
+    thinking = field(body, "thinking", dict)
+    reasoning: chat.Reasoning = None
+    budget = None
+    if thinking is not None:
+        reasoning = thinking.get("type") in ("enabled", "adaptive")
+        budget = thinking.get("budget_tokens") if reasoning else None
+    choice = field(body, "tool_choice", dict)
+    return chat.ChatRequest(
+        messages=messages(body.get("system"), field(body, "messages", list, required=True)),
+        tools=tools(field(body, "tools", list)), tool_choice=chat.normalize_tool_choice(choice),
+        params=params, reasoning=reasoning, reasoning_budget=budget,
+        loop_guard=field(body, "loop_guard", bool, default=True), max_time=body.get("max_time", "auto"))
+
+
+# --- replies -----------------------------------------------------------------------------------------------------
+
+
+def message_body(done: Completion, name: str) -> dict[str, Any]:
+    content: list[dict[str, Any]] = []
+    if done.reasoning:
+        content.append({"type": "thinking", "thinking": done.reasoning, "signature": ""})
+    if done.content:
+        content.append({"type": "text", "text": done.content})
+    for c in done.tool_calls:
+        content.append({"type": "tool_use", "id": c.id or new_id("toolu_"), "name": c.name, "input": _input(c.arguments)})
+    u = done.usage
+    return {"id": new_id("msg_"), "type": "message", "role": "assistant", "model": name, "content": content,
+            "stop_reason": STOP.get(done.finish_reason or "stop", "end_turn"), "stop_sequence": None,
+            "usage": {"input_tokens": u.prompt_tokens if u else 0, "output_tokens": u.completion_tokens if u else 0,
+                      "cache_read_input_tokens": u.cached_tokens if u else 0}}
+
+
+def _input(arguments: str) -> Any:
+    try:
+        value = json.loads(arguments or "{}")
+    except ValueError:
+        return {"_raw": arguments}
+    return value if isinstance(value, dict) else {"value": value}
+
+
+def _event(kind: str, data: dict[str, Any]) -> bytes:
+    return f"event: {kind}\ndata: {dumps({'type': kind, **data})}\n\n".encode()
+
+
+async def _sse(events: AsyncIterator[Event], name: str) -> AsyncIterator[bytes]:
+    yield _event("message_start", {"message": {
+        "id": new_id("msg_"), "type": "message", "role": "assistant", "model": name, "content": [],
+        "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}})
+    index, block = -1, ""  # the open content block: its index and type ("" none)
+    calls: dict[int, int] = {}  # tool call index -> its block's index
+    stop, usage = "end_turn", None
+    try:
+        async for ev in events:
+            if type(ev) is TextDelta or type(ev) is ReasoningDelta:
+                want = "text" if type(ev) is TextDelta else "thinking"
+                if block != want:
+                    if block:
+                        yield _event("content_block_stop", {"index": index})
+                    index, block = index + 1, want
+                    start = {"type": "text", "text": ""} if want == "text" else \
+                        {"type": "thinking", "thinking": "", "signature": ""}
+                    yield _event("content_block_start", {"index": index, "content_block": start})
+                delta = {"type": "text_delta", "text": ev.text} if want == "text" else \
+                    {"type": "thinking_delta", "thinking": ev.text}
+                yield _event("content_block_delta", {"index": index, "delta": delta})
+            elif isinstance(ev, ToolCallDelta):
+                if ev.index not in calls:
+                    if block:
+                        yield _event("content_block_stop", {"index": index})
+                    index, block = index + 1, "tool_use"
+                    calls[ev.index] = index
+                    yield _event("content_block_start", {"index": index, "content_block": {
+                        "type": "tool_use", "id": ev.id or new_id("toolu_"), "name": ev.name or "", "input": {}}})
+                if ev.arguments:
+                    yield _event("content_block_delta", {"index": calls[ev.index], "delta": {
+                        "type": "input_json_delta", "partial_json": ev.arguments}})
+            elif isinstance(ev, Finish):
+                stop = STOP.get(ev.reason or "stop", "end_turn")
+            elif isinstance(ev, Usage):
+                usage = ev
+    except Exception as exc:  # after the first event: an error event in the stream (the status was sent)
+        yield _event("error", {"error": error_body(exc)["error"]})
+        return
+    if block:
+        yield _event("content_block_stop", {"index": index})
+    yield _event("message_delta", {"delta": {"stop_reason": stop, "stop_sequence": None}, "usage": {
+        "input_tokens": usage.prompt_tokens if usage else 0, "output_tokens": usage.completion_tokens if usage else 0}})
+    yield _event("message_stop", {})
+
+
+async def create(gw: Gateway, request: Request) -> Response:
+    body = await json_body(request)
+    name = model_name(body)
+    req = chat_request(body)
+    if not field(body, "stream", bool, default=False):
+        async with gw.pool.use(name) as engine:
+            done = await chat.acomplete(engine, req)
+        return JSONResponse(message_body(done, name))
+    opened = await open_events(gw.pool.use(name), lambda engine: chat.astream(engine, req))
+    return streaming(_sse(opened.events(), name), opened, "text/event-stream")
+
+
+async def count_tokens(gw: Gateway, request: Request) -> Response:
+    body = await json_body(request)
+    name = model_name(body)
+    payload: dict[str, Any] = {"messages": messages(body.get("system"), field(body, "messages", list, required=True))}
+    if body.get("tools"):
+        payload["tools"] = tools(field(body, "tools", list))
+    async with gw.pool.use(name) as engine:
+        n = await engine.acount_prompt_tokens(payload)
+    return JSONResponse({"input_tokens": n})

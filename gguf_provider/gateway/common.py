@@ -1,0 +1,174 @@
+"""What the three wire protocols share: reading a JSON body, an error's HTTP status and kind, a reply's id.
+
+Each protocol module (:mod:`.openai`, :mod:`.anthropic`, :mod:`.ollama`) translates its requests into a
+:class:`~gguf_provider.chat.ChatRequest` (or an embedding or rerank call) and the events back into its own shapes;
+the errors below become each protocol's error body (``Protocol.error``).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from typing import Any
+
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from ..engine import Engine
+from ..errors import (
+    APIError,
+    ContextOverflowError,
+    GGUFProviderError,
+    InsufficientMemoryError,
+    LoadCancelled,
+    MediaFetchError,
+    ModelError,
+    ModelNotFoundError,
+    ServerError,
+    UnsupportedInputError,
+)
+
+
+class BadRequest(Exception):
+    """A request the gateway cannot read: bad JSON, a missing or mistyped field (HTTP 400)."""
+
+
+class Refused(Exception):
+    """A request the gateway's guard turns away: 401 (API key), 403 (Host, Origin), 413 (body size)."""
+
+    KINDS = {401: "unauthorized", 403: "forbidden", 413: "too_large"}
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def kind_of(exc: BaseException) -> tuple[int, str]:
+    """The HTTP status of ``exc`` and its kind: ``bad_request``, ``not_found``, ``context_length_exceeded``,
+    ``overloaded`` (no memory for the model), ``server_error`` (llama-server failed), ``internal``, or the guard's
+    ``unauthorized``, ``forbidden``, ``too_large``."""
+    if isinstance(exc, Refused):
+        return exc.status, Refused.KINDS[exc.status]
+    if isinstance(exc, ModelNotFoundError):
+        return 404, "not_found"
+    if isinstance(exc, ContextOverflowError):
+        return 400, "context_length_exceeded"
+    if isinstance(exc, (BadRequest, ValueError, UnsupportedInputError, MediaFetchError, ModelError)):
+        return 400, "bad_request"
+    if isinstance(exc, InsufficientMemoryError):
+        return 503, "overloaded"
+    if isinstance(exc, APIError):
+        status = exc.status_code if exc.status_code and 400 <= exc.status_code < 500 else 502
+        return status, "bad_request" if status < 500 else "server_error"
+    if isinstance(exc, (ServerError, LoadCancelled)):
+        return 502, "server_error"
+    if isinstance(exc, GGUFProviderError):
+        return 500, "internal"
+    return 500, "internal"
+
+
+def message_of(exc: BaseException) -> str:
+    """What the caller is told: the error's own message (a server error's first line; its log stays here)."""
+    text = str(exc) or type(exc).__name__
+    return text.split("\n", 1)[0] if isinstance(exc, ServerError) else text
+
+
+async def json_body(request: Request) -> dict[str, Any]:
+    """The request's JSON object (BadRequest when it is none)."""
+    raw = await request.body()
+    try:
+        body = json.loads(raw) if raw else None
+    except ValueError as exc:
+        raise BadRequest(f"the body is not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    return body
+
+
+def field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], *, required: bool = False,
+          default: Any = None) -> Any:
+    """``body[name]`` checked against ``kind`` (BadRequest naming the field when it is missing or mistyped)."""
+    value = body.get(name)
+    if value is None:
+        if required:
+            raise BadRequest(f"`{name}` is required")
+        return default
+    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _types(kind)):
+        names = " or ".join(t.__name__ for t in _types(kind))
+        raise BadRequest(f"`{name}` must be {names}, not {type(value).__name__}")
+    return value
+
+
+def _types(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def model_name(body: dict[str, Any]) -> str:
+    name = field(body, "model", str, required=True).strip()
+    if not name:
+        raise BadRequest("`model` is empty")
+    return str(name)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{secrets.token_hex(12)}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+class Opened:
+    """A model's reply events with the first one at hand (an error before it was raised by :func:`open_events`, so
+    it became an HTTP error); iterating :meth:`events` yields them all and then ends the request and gives the
+    model back, as :meth:`close` does (also when the caller left)."""
+
+    def __init__(self, stack: AsyncExitStack, rest: AsyncGenerator[Any, None], first: Any) -> None:
+        self._stack, self._rest, self._first = stack, rest, first
+
+    async def events(self) -> AsyncIterator[Any]:
+        try:
+            if self._first is not _END:
+                yield self._first
+                async for ev in self._rest:
+                    yield ev
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        await self._stack.aclose()
+
+
+_END = object()
+
+
+async def open_events(use: AbstractAsyncContextManager[Engine], start: Callable[[Engine], AsyncGenerator[Any, None]]
+                      ) -> Opened:
+    """The events ``start(engine)`` yields on the engine ``use`` lends, once the first has come."""
+    stack = AsyncExitStack()
+    try:
+        engine = await stack.enter_async_context(use)
+        gen = start(engine)
+        stack.push_async_callback(gen.aclose)
+        try:
+            first = await anext(gen)
+        except StopAsyncIteration:
+            first = _END
+        return Opened(stack, gen, first)
+    except BaseException:
+        await stack.aclose()
+        raise
+
+
+def streaming(chunks: AsyncIterator[bytes], opened: Opened, media_type: str) -> Response:
+    """A streamed reply; the model is given back when it ends, or when the caller leaves before it starts."""
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(chunks, media_type=media_type, headers=headers, background=BackgroundTask(opened.close))

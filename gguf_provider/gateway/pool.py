@@ -1,0 +1,155 @@
+"""The gateway's models: one :class:`~gguf_provider.engine.Engine` per model name and kind, over the runtime's
+shared servers.
+
+An engine holds its lease while requests use it and for ``hold`` seconds after the last (so that a conversation's
+next turn finds it loaded), then gives it back: the server then lives on for its own ``keep_alive`` as an idle
+server, which the memory budget may evict when another model needs the room (runtime/_serve/budget.py), as it may
+any idle server of this machine's. A request's ``keep_alive`` (Ollama's) replaces ``hold`` for that model; 0 gives
+the lease back at once and stops the server unless another client holds it.
+
+Requests for a model that is loading wait for the same load (the engine's lock); nothing here blocks the event
+loop (loads run in a worker thread, :meth:`Engine.aload`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..engine import Engine, EngineConfig
+from ..errors import InsufficientMemoryError
+from ..runtime import default as runtime
+
+log = logging.getLogger(__name__)
+Kind = Literal["chat", "embed", "rerank"]
+DEFAULT_HOLD = 10.0  # seconds a model's lease is kept after its last request
+
+
+@dataclass(frozen=True)
+class Held:
+    """A model the gateway holds a server for, until ``until`` (``time.time()``; in use: inf)."""
+
+    name: str
+    kind: Kind
+    engine: Engine
+    until: float
+
+
+@dataclass
+class _Entry:
+    engine: Engine
+    busy: int = 0
+    hold: float = DEFAULT_HOLD
+    idle_since: float = field(default_factory=time.monotonic)
+
+
+class ModelPool:
+    """Engines by (model name, kind, context asked); ``server_options`` are the llama-server options every server
+    the gateway starts gets (``EngineConfig`` fields: ``n_ctx``, ``threads``, ...); ``keep_alive`` how long a
+    server it started lives on once no client holds it (None: the runtime's default)."""
+
+    def __init__(self, *, server_options: dict[str, Any] | None = None, keep_alive: float | None = None,
+                 hold: float = DEFAULT_HOLD) -> None:
+        self.server_options = dict(server_options or {})
+        self.keep_alive = keep_alive
+        self.hold = hold
+        self._entries: dict[tuple[str, Kind, int | None], _Entry] = {}
+        self._reaper: asyncio.Task[None] | None = None
+
+    def config(self, name: str, kind: Kind, n_ctx: int | None) -> EngineConfig:
+        options = dict(self.server_options)
+        if n_ctx is not None:
+            options["n_ctx"] = n_ctx
+        if kind != "chat":  # a chat server's options do not apply to an embedder's
+            options = {k: v for k, v in options.items() if k in ("n_ctx", "threads", "llama_server", "n_gpu_layers")}
+        return EngineConfig(model=name, embedding=kind == "embed", rerank=kind == "rerank", keep_alive=self.keep_alive,
+                            max_retries=0, **options)
+
+    @asynccontextmanager
+    async def use(self, name: str, kind: Kind = "chat", *, n_ctx: int | None = None,
+                  keep_alive: float | None = None) -> AsyncIterator[Engine]:
+        """The loaded engine of ``name`` for the body of the ``async with`` (started, shared or reused)."""
+        runtime().confine(name)  # ModelNotFoundError for what is not a model this gateway may serve
+        key = (name, kind, n_ctx)
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = _Entry(Engine(self.config(name, kind, n_ctx)), hold=self.hold)
+        entry.busy += 1
+        try:
+            try:
+                await entry.engine.aload()
+            except InsufficientMemoryError:
+                if not await self._release_idle(entry):
+                    raise
+                await entry.engine.aload()  # once more, with the room the idle models held given back
+            yield entry.engine
+        finally:
+            entry.busy -= 1
+            entry.idle_since = time.monotonic()
+            if keep_alive is not None:
+                entry.hold = max(0.0, keep_alive)
+            if entry.busy == 0 and entry.hold == 0:
+                await self._unload(key, entry, stop=True)
+            self._start_reaper()
+
+    def loaded(self) -> list[Held]:
+        """The models holding a server now, and until when (``time.time()``; in use: inf)."""
+        now, wall = time.monotonic(), time.time()
+        return [Held(name, kind, e.engine, math.inf if e.busy else wall + e.idle_since + e.hold - now)
+                for (name, kind, _), e in self._entries.items() if e.engine.loaded()]
+
+    async def unload(self, name: str) -> bool:
+        """Give back every lease on ``name`` now (the server stops unless another client holds it)."""
+        found = [(k, e) for k, e in self._entries.items() if k[0] == name]
+        for key, entry in found:
+            await self._unload(key, entry, stop=True)
+        return bool(found)
+
+    async def close(self) -> None:
+        """Give back every lease (the gateway stops)."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+        for key, entry in list(self._entries.items()):
+            await self._unload(key, entry, force=True)
+
+    async def _unload(self, key: tuple[str, Kind, int | None], entry: _Entry, *, stop: bool = False,
+                      force: bool = False) -> None:
+        """Forget ``entry`` (a request after this makes a new engine) and give back its lease, unless it is in use.
+        ``stop``: its server stops now when no other client holds it, instead of after its keep_alive."""
+        if entry.busy and not force:
+            return
+        if self._entries.get(key) is entry:
+            del self._entries[key]
+        await asyncio.to_thread(entry.engine.unload, stop=stop)
+
+    async def _release_idle(self, wanting: _Entry) -> bool:
+        idle = [(k, e) for k, e in self._entries.items() if e is not wanting and not e.busy and e.engine.loaded()]
+        for key, entry in idle:
+            log.info("gateway: giving back idle %s to make room", key[0])
+            await self._unload(key, entry)
+        return bool(idle)
+
+    def _start_reaper(self) -> None:
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.get_running_loop().create_task(self._reap())
+
+    async def _reap(self) -> None:
+        """Give back the leases of models idle past their hold, until none is held."""
+        while self._entries:
+            now = time.monotonic()
+            wait = 1.0
+            for key, entry in list(self._entries.items()):
+                if entry.busy:
+                    continue
+                left = entry.idle_since + entry.hold - now
+                if left <= 0:
+                    await self._unload(key, entry)
+                else:
+                    wait = min(wait, left)
+            await asyncio.sleep(max(wait, 0.05))

@@ -1,0 +1,116 @@
+"""The gateway's state: its settings (:class:`Settings`), its models (:class:`~.pool.ModelPool`) and what it lists
+and describes of the models on this machine (:class:`Gateway`)."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from ..runtime import Progress
+from ..runtime import default as runtime
+from .pool import DEFAULT_HOLD, ModelPool
+
+DEFAULT_PORT = 11480  # not Ollama's 11434, nor llama-server's 8080
+DEFAULT_MAX_BODY = 64 * 2**20  # bytes of one request's body (images travel inline)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the gateway listens and whom it answers."""
+
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    api_key: str | None = None  # read from a key file; required on a non-loopback address
+    allow_origins: tuple[str, ...] = ()  # browser origins answered (CORS); none by default
+    max_body: int = DEFAULT_MAX_BODY
+    keep_alive: float | None = None  # a started server's life once no client holds it (None: the runtime's)
+    hold: float = DEFAULT_HOLD
+    server_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not is_loopback(self.host) and not self.api_key:
+            raise ValueError(f"listening on {self.host} (not loopback) needs an API key: --api-key-file PATH (a file "
+                             "holding the key, readable only by you)")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A model the gateway can serve, as /v1/models and /api/tags list it."""
+
+    name: str
+    size: int
+    quant: str | None
+    mtime: float
+
+    @property
+    def created(self) -> int:
+        return int(self.mtime)
+
+    @property
+    def modified(self) -> str:
+        return datetime.fromtimestamp(self.mtime, timezone.utc).isoformat().replace("+00:00", "Z")
+
+    @property
+    def digest(self) -> str:
+        return ""
+
+    owner = "gguf-provider"
+
+
+class Gateway:
+    """The gateway's state: its settings and its models."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.pool = ModelPool(server_options=settings.server_options, keep_alive=settings.keep_alive,
+                              hold=settings.hold)
+
+    async def model_list(self) -> list[Listed]:
+        """The models dirs and the Hugging Face cache, then any loaded model not among them."""
+        def scan() -> list[Listed]:
+            out = []
+            for m in runtime().models():
+                try:
+                    mtime = m.path.stat().st_mtime
+                except OSError:
+                    continue
+                out.append(Listed(m.name, m.size_bytes, m.quant, mtime))
+            return out
+
+        listed = await asyncio.to_thread(scan)
+        names = {m.name for m in listed}
+        for held in self.pool.loaded():
+            if held.name not in names:
+                names.add(held.name)
+                listed.append(Listed(held.name, 0, None, 0.0))
+        return listed
+
+    async def model_info(self, name: str) -> dict[str, Any]:
+        def describe() -> dict[str, Any]:
+            runtime().confine(name)
+            info = runtime().describe(name)
+            info["modified"] = datetime.fromtimestamp(info["modified"], timezone.utc).isoformat().replace("+00:00", "Z")
+            return info
+
+        return await asyncio.to_thread(describe)
+
+    async def pull(self, name: str, progress: Progress) -> None:
+        from ..runtime import ModelRef
+
+        def pull() -> None:
+            runtime().confine(name)
+            runtime().pull(ModelRef(name, progress=progress))
+
+        await asyncio.to_thread(pull)

@@ -1,0 +1,447 @@
+"""The gateway (`gguf-provider serve` with no model) through each protocol's own clients: the openai SDK, LangChain's
+ChatOpenAI / OpenAIEmbeddings, LlamaIndex's OpenAILike; the anthropic SDK and ChatAnthropic; the ollama client and
+ChatOllama / OllamaEmbeddings. One gateway process serves the module, over the real test models.
+
+Replies are compared with the same request made by ChatGGUF on the same server (greedy, so the same text), or
+constrained (a forced tool call, a JSON schema), never pinned: a model's greedy text differs between CPUs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.gateway import GatewayProc, gateway
+
+pytestmark = pytest.mark.slow
+
+SMOL = "SmolLM2-135M-Instruct.Q4_1"
+QWEN = "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M"
+MINILM = "all-MiniLM-L6-v2.Q8_0"
+RERANKER = "all-MiniLM-L6-v2-rerank-test.Q8_0"
+N_CTX = 2048  # every server the gateway starts (--ctx): small, so an over-long prompt is cheap to make
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+CALL_SCHEMA = {"type": "object", "properties": {"name": {"const": "get_weather"}, "arguments": {
+    "type": "object", "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 20}},
+    "required": ["city"]}}, "required": ["name", "arguments"]}
+# A 1x1 PNG (red): a valid image for a model without a projector, which the gateway must refuse in protocol shape.
+PNG = base64.b64encode(bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010802000000907753de0000000c49444154789c63f8cfc000000301"
+    "0100c9fe92ef0000000049454e44ae426082")).decode()
+
+
+@pytest.fixture(scope="module")
+def gw(smollm2_path: Path, qwen_path: Path, minilm_path: Path, reranker_path: Path) -> Iterator[GatewayProc]:
+    with gateway(smollm2_path.parent, "--ctx", str(N_CTX)) as g:
+        yield g
+
+
+def long_prompt() -> str:
+    return "word " * (N_CTX * 2)  # well over the context in any tokenizer
+
+
+# --- OpenAI ----------------------------------------------------------------------------------------------------
+
+
+def openai_client(gw: GatewayProc) -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
+
+
+def test_openai_sdk_chat_stream_and_whole_agree(gw: GatewayProc) -> None:
+    client = openai_client(gw)
+    messages = [{"role": "user", "content": "Name three colours."}]
+    whole = client.chat.completions.create(model=SMOL, messages=messages, temperature=0, max_tokens=24)
+    assert whole.object == "chat.completion" and whole.model == SMOL
+    assert whole.choices[0].finish_reason in ("stop", "length")
+    assert whole.usage is not None and whole.usage.completion_tokens > 0
+    chunks = list(client.chat.completions.create(model=SMOL, messages=messages, temperature=0, max_tokens=24,
+                                                 stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content  # greedy, one server: the same reply
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == \
+        [whole.choices[0].finish_reason]
+
+
+def test_openai_sdk_matches_chatgguf_on_the_same_server(gw: GatewayProc, smollm2_path: Path) -> None:
+
+    client = openai_client(gw)
+    question = "What is the capital of France?"
+    via = client.chat.completions.create(model=SMOL, messages=[{"role": "user", "content": question}],
+                                         temperature=0, max_tokens=20, extra_body={"cache_prompt": False})
+    # ChatGGUF in this process shares the gateway's server (same spec, same runtime home).
+    direct = _direct(gw, smollm2_path, question)
+    assert via.choices[0].message.content == direct
+
+
+def _direct(gw: GatewayProc, model: Path, question: str) -> str:
+    """ChatGGUF's reply (greedy, no prompt cache) on the gateway's server for ``model``: run in a subprocess with
+    the gateway's home, so that it shares the server the gateway runs."""
+    import subprocess
+    import sys
+
+    code = ("import json,sys\nfrom gguf_provider.langchain import ChatGGUF\n"
+            f"llm = ChatGGUF(model={str(model)!r}, n_ctx={N_CTX}, temperature=0, max_tokens=20, "
+            "model_kwargs={'cache_prompt': False})\n"
+            f"print(json.dumps(llm.invoke({question!r}).content))\nllm.unload()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=gw.env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out: str = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
+
+
+def test_openai_sdk_forced_tool_call_streamed(gw: GatewayProc) -> None:
+    client = openai_client(gw)
+    messages = [{"role": "user", "content": "What's the weather in Paris?"}]
+    whole = client.chat.completions.create(model=QWEN, messages=messages, tools=[WEATHER_TOOL],
+                                           tool_choice="required", temperature=0)
+    call = whole.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather" and isinstance(json.loads(call.function.arguments)["city"], str)
+    assert whole.choices[0].finish_reason == "tool_calls"
+    chunks = list(client.chat.completions.create(model=QWEN, messages=messages, tools=[WEATHER_TOOL],
+                                                 tool_choice="required", temperature=0, stream=True))
+    parts = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or ()]
+    assert parts[0].function.name == "get_weather" and parts[0].id
+    assert json.loads("".join(p.function.arguments or "" for p in parts)) == json.loads(call.function.arguments)
+
+
+def test_openai_sdk_structured_output(gw: GatewayProc) -> None:
+    schema = {"type": "object", "properties": {"colour": {"type": "string", "maxLength": 20}},
+              "required": ["colour"]}
+    reply = openai_client(gw).chat.completions.create(
+        model=QWEN, messages=[{"role": "user", "content": "Give a colour as JSON."}], temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}})
+    assert isinstance(json.loads(reply.choices[0].message.content)["colour"], str)
+
+
+def test_openai_sdk_errors_in_openai_shape(gw: GatewayProc) -> None:
+    import openai
+
+    client = openai_client(gw)
+    with pytest.raises(openai.NotFoundError) as nf:
+        client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
+    assert nf.value.body["code"] == "model_not_found"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as over:
+        client.chat.completions.create(model=SMOL, messages=[{"role": "user", "content": long_prompt()}])
+    assert over.value.body["code"] == "context_length_exceeded"  # type: ignore[index]
+    assert "context" in str(over.value)
+    with pytest.raises(openai.BadRequestError) as image:  # SmolLM2 here has no projector
+        client.chat.completions.create(model=SMOL, messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}]}])
+    assert "vision" in str(image.value) or "image" in str(image.value)
+
+
+def test_openai_sdk_default_max_tokens_is_capped_at_the_context(gw: GatewayProc) -> None:
+    """No max_tokens, as users send: the reply ends by itself or at the context, never an error."""
+    reply = openai_client(gw).chat.completions.create(
+        model=SMOL, messages=[{"role": "user", "content": "Say hello."}], temperature=0)
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    assert reply.usage is not None and reply.usage.total_tokens <= N_CTX
+
+
+def test_openai_sdk_models_lists_the_models_dir(gw: GatewayProc) -> None:
+    ids = {m.id for m in openai_client(gw).models.list()}
+    assert {SMOL, QWEN, MINILM, RERANKER} <= ids
+
+
+def test_openai_sdk_embeddings_and_completions(gw: GatewayProc) -> None:
+    client = openai_client(gw)
+    vectors = client.embeddings.create(model=MINILM, input=["a cat", "a dog"])
+    assert [len(d.embedding) for d in vectors.data] == [384, 384]
+    text = client.completions.create(model=SMOL, prompt="One, two, three,", max_tokens=8, temperature=0)
+    assert text.choices[0].text and text.model == SMOL
+
+
+def test_rerank_endpoint(gw: GatewayProc) -> None:
+    r = httpx.post(f"{gw.url}/v1/rerank", json={"model": RERANKER, "query": "pandas", "top_n": 1,
+                                                "documents": ["Pandas eat bamboo.", "Cats purr."]}, timeout=120)
+    assert r.status_code == 200, r.text
+    (best,) = r.json()["results"]
+    assert best["index"] in (0, 1) and isinstance(best["relevance_score"], float)
+
+
+def test_langchain_chat_openai_and_embeddings(gw: GatewayProc) -> None:
+    from langchain_openai import ChatOpenAI, OpenAIEmbeddings
+
+    llm = ChatOpenAI(model=SMOL, base_url=f"{gw.url}/v1", api_key="unused", temperature=0, max_tokens=20)  # type: ignore[arg-type]
+    whole = llm.invoke("Name a fruit.")
+    streamed = "".join(str(c.content) for c in llm.stream("Name a fruit."))
+    assert whole.content and streamed == whole.content
+    emb = OpenAIEmbeddings(model=MINILM, base_url=f"{gw.url}/v1", api_key="unused",  # type: ignore[arg-type]
+                           check_embedding_ctx_length=False)
+    assert len(emb.embed_query("hello")) == 384
+
+
+def test_langchain_chat_openai_async_tool_call(gw: GatewayProc) -> None:
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(model=QWEN, base_url=f"{gw.url}/v1", api_key="unused", temperature=0)  # type: ignore[arg-type]
+    msg = asyncio.run(llm.bind_tools([WEATHER_TOOL], tool_choice="get_weather").ainvoke("Weather in Oslo?"))
+    assert [tc["name"] for tc in msg.tool_calls] == ["get_weather"]
+    assert isinstance(msg.tool_calls[0]["args"]["city"], str)
+
+
+def test_llama_index_openai_like(gw: GatewayProc) -> None:
+    from llama_index.core.llms import ChatMessage
+    from llama_index.llms.openai_like import OpenAILike
+
+    llm = OpenAILike(model=SMOL, api_base=f"{gw.url}/v1", api_key="unused", is_chat_model=True, temperature=0,
+                     max_tokens=20, context_window=N_CTX)
+    whole = llm.chat([ChatMessage(role="user", content="Name a fruit.")])
+    streamed = "".join(r.delta or "" for r in llm.stream_chat([ChatMessage(role="user", content="Name a fruit.")]))
+    assert whole.message.content and streamed == whole.message.content
+
+
+# --- Anthropic -------------------------------------------------------------------------------------------------
+
+
+GREEDY = {"temperature": 0}  # this anthropic SDK has no temperature keyword (newer Claude models take none)
+
+
+def anthropic_client(gw: GatewayProc) -> Any:
+    import anthropic
+
+    return anthropic.Anthropic(base_url=gw.url, api_key="unused", max_retries=0)
+
+
+def test_anthropic_sdk_create_and_stream_agree(gw: GatewayProc) -> None:
+    client = anthropic_client(gw)
+    messages = [{"role": "user", "content": "Name three colours."}]
+    whole = client.messages.create(model=SMOL, max_tokens=24, messages=messages, extra_body=GREEDY,
+                                   system="You are terse.")
+    assert whole.type == "message" and whole.role == "assistant"
+    assert whole.stop_reason in ("end_turn", "max_tokens")
+    (block,) = whole.content
+    assert block.type == "text" and block.text
+    assert whole.usage.output_tokens > 0 and whole.usage.input_tokens > 0
+    with client.messages.stream(model=SMOL, max_tokens=24, messages=messages, extra_body=GREEDY,
+                                system="You are terse.") as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == block.text
+    assert final.stop_reason == whole.stop_reason and final.usage.output_tokens == whole.usage.output_tokens
+
+
+def test_anthropic_sdk_tool_use_and_result_round_trip(gw: GatewayProc) -> None:
+    client = anthropic_client(gw)
+    tool = {"name": "get_weather", "description": "Get the current weather in a city.",
+            "input_schema": WEATHER_TOOL["function"]["parameters"]}  # type: ignore[index]
+    ask = [{"role": "user", "content": "What's the weather in Paris?"}]
+    first = client.messages.create(model=QWEN, max_tokens=200, messages=ask, tools=[tool],
+                                   tool_choice={"type": "tool", "name": "get_weather"}, extra_body=GREEDY)
+    assert first.stop_reason == "tool_use"
+    use = next(b for b in first.content if b.type == "tool_use")
+    assert use.name == "get_weather" and isinstance(use.input["city"], str)
+    with client.messages.stream(model=QWEN, max_tokens=200, messages=ask, tools=[tool],
+                                tool_choice={"type": "any"}, extra_body=GREEDY) as stream:
+        streamed = stream.get_final_message()
+    assert [b.type for b in streamed.content if b.type == "tool_use"] == ["tool_use"]
+    # The result goes back as Anthropic's tool_result block; the reply is prose.
+    follow = [*ask, {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                            "content": "Sunny, 21 degrees."}]}]
+    answer = client.messages.create(model=QWEN, max_tokens=60, messages=follow, tools=[tool], extra_body=GREEDY)
+    assert answer.content and answer.stop_reason in ("end_turn", "max_tokens", "tool_use")
+
+
+def test_anthropic_sdk_count_tokens_and_errors(gw: GatewayProc) -> None:
+    import anthropic
+
+    client = anthropic_client(gw)
+    short = client.messages.count_tokens(model=SMOL, messages=[{"role": "user", "content": "Hello"}])
+    longer = client.messages.count_tokens(model=SMOL, messages=[{"role": "user", "content": "Hello " * 50}])
+    assert 0 < short.input_tokens < longer.input_tokens
+    with pytest.raises(anthropic.NotFoundError) as nf:
+        client.messages.create(model="no-such-model", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+    assert nf.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    with pytest.raises(anthropic.BadRequestError) as over:
+        client.messages.create(model=SMOL, max_tokens=5, messages=[{"role": "user", "content": long_prompt()}])
+    assert over.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    assert "context" in str(over.value)
+
+
+def test_langchain_chat_anthropic(gw: GatewayProc) -> None:
+    from langchain_anthropic import ChatAnthropic
+
+    llm = ChatAnthropic(model=SMOL, base_url=gw.url, api_key="unused", temperature=0, max_tokens=20)  # type: ignore[call-arg,arg-type]
+    whole = llm.invoke("Name a fruit.")
+    streamed = "".join(c.text for c in llm.stream("Name a fruit."))
+    assert whole.text and streamed == whole.text
+    tool_llm = ChatAnthropic(model=QWEN, base_url=gw.url, api_key="unused", temperature=0, max_tokens=200)  # type: ignore[call-arg,arg-type]
+    msg = tool_llm.bind_tools([WEATHER_TOOL], tool_choice="get_weather").invoke("Weather in Oslo?")
+    assert [tc["name"] for tc in msg.tool_calls] == ["get_weather"]
+
+
+# --- Ollama ----------------------------------------------------------------------------------------------------
+
+
+def ollama_client(gw: GatewayProc) -> Any:
+    import ollama
+
+    return ollama.Client(host=gw.url)
+
+
+def test_ollama_client_chat_stream_and_whole_agree(gw: GatewayProc) -> None:
+    client = ollama_client(gw)
+    messages = [{"role": "user", "content": "Name three colours."}]
+    options = {"temperature": 0, "num_predict": 24}
+    whole = client.chat(model=SMOL, messages=messages, options=options, stream=False)
+    assert whole.done and whole.done_reason in ("stop", "length") and whole.message.content
+    assert whole.eval_count and whole.prompt_eval_count
+    parts = list(client.chat(model=SMOL, messages=messages, options=options, stream=True))
+    assert parts[-1].done and not any(p.done for p in parts[:-1])
+    assert "".join(p.message.content or "" for p in parts) == whole.message.content
+    gen = client.generate(model=SMOL, prompt="Name three colours.", options=options, stream=False)
+    assert gen.done and gen.response
+
+
+def test_ollama_client_listing_show_ps_version(gw: GatewayProc) -> None:
+    client = ollama_client(gw)
+    names = {m.model for m in client.list().models}
+    assert {SMOL, QWEN, MINILM} <= names
+    shown = client.show(SMOL)
+    assert shown.details.format == "gguf" and shown.details.family == "llama"
+    assert "completion" in (shown.capabilities or [])
+    client.chat(model=SMOL, messages=[{"role": "user", "content": "hi"}], options={"num_predict": 2})
+    assert SMOL in {m.model for m in client.ps().models}
+    assert httpx.get(f"{gw.url}/api/version").json()["version"]
+
+
+def test_ollama_client_num_ctx_keep_alive_and_errors(gw: GatewayProc) -> None:
+    import ollama
+
+    client = ollama_client(gw)
+    reply = client.chat(model=SMOL, messages=[{"role": "user", "content": "hi"}],
+                        options={"num_ctx": 1024, "num_predict": 4}, keep_alive=0)
+    assert reply.done
+    with pytest.raises(ollama.ResponseError) as nf:
+        client.chat(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
+    assert nf.value.status_code == 404
+    with pytest.raises(ollama.ResponseError) as over:
+        client.chat(model=SMOL, messages=[{"role": "user", "content": long_prompt()}])
+    assert over.value.status_code == 400 and "context" in over.value.error
+
+
+def test_ollama_embed_and_old_embeddings(gw: GatewayProc) -> None:
+    client = ollama_client(gw)
+    out = client.embed(model=MINILM, input=["a cat", "a dog"])
+    assert [len(v) for v in out.embeddings] == [384, 384]
+    old = client.embeddings(model=MINILM, prompt="a cat")
+    assert list(old.embedding) == pytest.approx(out.embeddings[0], abs=1e-5)
+
+
+def test_ollama_tool_call_and_structured_output(gw: GatewayProc) -> None:
+    """A JSON schema holds the reply to a get_weather call written as JSON; healing makes it Ollama's tool call."""
+    client = ollama_client(gw)
+    reply = client.chat(model=QWEN, messages=[{"role": "user", "content": "What's the weather in Paris?"}],
+                        tools=[WEATHER_TOOL], format=CALL_SCHEMA, options={"temperature": 0}, stream=False)
+    (call,) = reply.message.tool_calls
+    assert call.function.name == "get_weather" and isinstance(call.function.arguments["city"], str)
+    schema = {"type": "object", "properties": {"colour": {"type": "string", "maxLength": 20}},
+              "required": ["colour"]}
+    fmt = client.chat(model=QWEN, messages=[{"role": "user", "content": "A colour as JSON."}], format=schema,
+                      options={"temperature": 0})
+    assert isinstance(json.loads(fmt.message.content)["colour"], str)
+
+
+def test_langchain_chat_ollama_and_embeddings(gw: GatewayProc) -> None:
+    from langchain_ollama import ChatOllama, OllamaEmbeddings
+
+    llm = ChatOllama(model=SMOL, base_url=gw.url, temperature=0, num_predict=20)
+    whole = llm.invoke("Name a fruit.")
+    streamed = "".join(str(c.content) for c in llm.stream("Name a fruit."))
+    assert whole.content and streamed == whole.content
+    tools = ChatOllama(model=QWEN, base_url=gw.url, temperature=0, format=CALL_SCHEMA)
+    msg = tools.bind_tools([WEATHER_TOOL]).invoke("What's the weather in Paris?")
+    assert [tc["name"] for tc in msg.tool_calls] == ["get_weather"]
+    emb = OllamaEmbeddings(model=MINILM, base_url=gw.url)
+    assert len(emb.embed_query("hello")) == 384
+
+
+def test_ollama_pull_of_a_cached_or_missing_repo(gw: GatewayProc) -> None:
+    """Offline (the module's gateway runs with HF_HUB_OFFLINE=1), a pull says why in Ollama's error shape."""
+    import ollama
+
+    with pytest.raises(ollama.ResponseError) as refused:
+        ollama_client(gw).pull("someone/Nothing-GGUF:Q4_K_M")
+    assert "offline" in refused.value.error.lower()
+
+
+# --- the guard -------------------------------------------------------------------------------------------------
+
+
+def test_dns_rebinding_origin_and_path_walks_are_refused(gw: GatewayProc) -> None:
+    body = {"model": SMOL, "messages": [{"role": "user", "content": "hi"}]}
+    r = httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers={"Host": "attacker.example"})
+    assert r.status_code == 403 and "Host" in r.json()["error"]["message"]
+    r = httpx.post(f"{gw.url}/api/chat", json=body, headers={"Origin": "http://attacker.example"})
+    assert r.status_code == 403 and "--allow-origin" in r.json()["error"]
+    for name in ("../../../etc/passwd", "/etc/passwd", "/etc/hostname.gguf", "a/../../b", "..", "~/x.gguf"):
+        r = httpx.post(f"{gw.url}/v1/messages", json={**body, "model": name, "max_tokens": 4})
+        assert r.status_code == 404, (name, r.text)
+        assert r.json()["error"]["type"] == "not_found_error"
+
+
+def test_body_bound(gw: GatewayProc) -> None:
+    big = b'{"model": "x", "messages": [], "pad": "' + b"a" * (65 * 2**20) + b'"}'
+    r = httpx.post(f"{gw.url}/v1/chat/completions", content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413
+
+
+def test_concurrent_streams_are_all_served(gw: GatewayProc) -> None:
+    """32 streams at once on one model: every one completes, none errors."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0, timeout=600)
+
+    async def one(i: int) -> str:
+        stream = await client.chat.completions.create(
+            model=SMOL, messages=[{"role": "user", "content": f"Count to {i % 5 + 3}."}], max_tokens=16,
+            temperature=0, stream=True)
+        reasons = []
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].finish_reason:
+                reasons.append(chunk.choices[0].finish_reason)
+        assert len(reasons) == 1
+        return reasons[0]
+
+    async def main() -> list[str]:
+        return await asyncio.gather(*(one(i) for i in range(32)))
+
+    assert len(asyncio.run(main())) == 32
+
+
+def test_key_required_off_loopback_and_checked(tmp_path: Path, smollm2_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.support.runtime import ROOT
+
+    bare = subprocess.run([sys.executable, "-m", "gguf_provider.cli", "serve", "--host", "0.0.0.0", "--port", "0"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert bare.returncode == 2 and "--api-key-file" in bare.stderr
+    key = tmp_path / "key"
+    key.write_text("s3cret-key\n")
+    key.chmod(0o644)
+    loose = subprocess.run([sys.executable, "-m", "gguf_provider.cli", "serve", "--port", "0", "--api-key-file",
+                            str(key)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert loose.returncode == 2 and "chmod 600" in loose.stderr
+    key.chmod(0o600)
+    with gateway(smollm2_path.parent, "--api-key-file", str(key)) as g:
+        assert "s3cret" not in " ".join(g.proc.args)  # type: ignore[arg-type]
+        assert httpx.get(f"{g.url}/v1/models").status_code == 401
+        assert httpx.get(f"{g.url}/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert httpx.get(f"{g.url}/v1/models", headers={"Authorization": "Bearer s3cret-key"}).status_code == 200
+        assert httpx.get(f"{g.url}/api/tags", headers={"x-api-key": "s3cret-key"}).status_code == 200
