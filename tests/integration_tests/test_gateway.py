@@ -445,3 +445,45 @@ def test_key_required_off_loopback_and_checked(tmp_path: Path, smollm2_path: Pat
         assert httpx.get(f"{g.url}/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
         assert httpx.get(f"{g.url}/v1/models", headers={"Authorization": "Bearer s3cret-key"}).status_code == 200
         assert httpx.get(f"{g.url}/api/tags", headers={"x-api-key": "s3cret-key"}).status_code == 200
+
+
+# --- what the adapters guarantee, through the gateway ------------------------------------------------------------
+
+LOOP_GRAMMAR = 'root ::= line root\nline ::= [1-9] [0-9]? ". The moon is a terrestrial planet made of rock and metal.\\n"'
+
+
+def test_the_loop_guard_stops_a_looping_reply(gw: GatewayProc) -> None:
+    """A grammar with no way out but the guard, and no max_tokens (the default): the reply ends at the loop, long
+    before the context does, with finish_reason "length" (OpenAI's word for a cut reply)."""
+    reply = openai_client(gw).chat.completions.create(
+        model=SMOL, messages=[{"role": "user", "content": "List facts about the moon."}], temperature=0,
+        extra_body={"grammar": LOOP_GRAMMAR})
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage is not None and reply.usage.completion_tokens < N_CTX // 2
+
+
+def test_max_time_bounds_a_reply(gw: GatewayProc) -> None:
+    reply = openai_client(gw).chat.completions.create(
+        model=SMOL, messages=[{"role": "user", "content": "Count upwards from one."}], temperature=0,
+        max_tokens=N_CTX - 100, extra_body={"ignore_eos": True, "max_time": 0.5})
+    assert reply.choices[0].finish_reason == "length"
+    # A reply closed by the timer has no usage (the server never finished it); words are at most tokens.
+    assert reply.usage is None or reply.usage.completion_tokens < N_CTX - 100
+    assert len((reply.choices[0].message.content or "").split()) < N_CTX - 100
+
+
+def test_reasoning_apart_from_the_answer_in_each_protocol(smollm2_path: Path, llama_src: Path) -> None:
+    """SmolLM2 with Qwen3.5's template (its generation prompt opens ``<think>``): the thinking comes apart from
+    the answer as OpenAI's reasoning_content, Anthropic's thinking block and Ollama's thinking field."""
+    template = llama_src / "models" / "templates" / "Qwen3.5-4B.jinja"
+    with gateway(smollm2_path.parent, "--ctx", "1024", "--chat-template-file", str(template)) as g:
+        ask = [{"role": "user", "content": "What is 2 + 2?"}]
+        o = openai_client(g).chat.completions.create(model=SMOL, messages=ask, max_tokens=30, temperature=0)
+        assert getattr(o.choices[0].message, "reasoning_content", None)
+        a = anthropic_client(g).messages.create(model=SMOL, messages=ask, max_tokens=30, extra_body=GREEDY)
+        assert a.content[0].type == "thinking" and a.content[0].thinking
+        with anthropic_client(g).messages.stream(model=SMOL, messages=ask, max_tokens=30, extra_body=GREEDY) as s:
+            kinds = [e.content_block.type for e in s if e.type == "content_block_start"]
+        assert kinds[0] == "thinking"
+        oll = ollama_client(g).chat(model=SMOL, messages=ask, options={"num_predict": 30, "temperature": 0})
+        assert oll.message.thinking
