@@ -120,6 +120,16 @@ def rows(res: dict[str, Any]) -> list[Row]:
                 if variant == "default":  # what users had: no verdict of ours (bench/results.md only)
                     s = {key: v for key, v in s.items() if key not in ("goal", "verdict")}
                 add("P19 two models at once, decode tok/s ÷ alone", f"{who}: {name}", s, 2)
+    if "p20" in res:
+        p = res["p20"]
+        add("P20 streamed decode tok/s through the gateway ÷ straight to its llama-server, server time taken out",
+            "OpenAI API, raw httpx", p["tps_ratio"], 3)
+        add("P20 streamed decode tok/s through the gateway ÷ straight, wall clock only", "OpenAI API, raw httpx",
+            p["tps_wall_ratio"], 3)
+        add("P20 time to first token, through the gateway − straight, server time taken out", "OpenAI API, raw httpx",
+            p["ttft_extra_ms"], 1, " ms")
+        add("P20 time to first token, through the gateway − straight, wall clock only", "OpenAI API, raw httpx",
+            p["ttft_wall_extra_ms"], 1, " ms")
     for metric, what, summ, digits, unit in peer_rows(res):
         add(metric, what, summ, digits, unit)
     if "p6" in res:
@@ -474,7 +484,7 @@ def write_docs(res: dict[str, Any], md_path: Path, png_path: Path, cfg: Config, 
     write_chart(res, png_path)
 
 
-SCENARIO_KEYS = ("p1", "p2_replay", "p3", "p4", "p5", "p6", "p7", "p9", "p17", "p18", "p19", "p11", "p11_defaults", "p12",
+SCENARIO_KEYS = ("p1", "p2_replay", "p3", "p4", "p5", "p6", "p7", "p9", "p17", "p18", "p19", "p20", "p11", "p11_defaults", "p12",
                  "p13", "p14", "p14_coder", "p15", "p16")
 
 

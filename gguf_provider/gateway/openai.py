@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 
 from .. import chat
 from ..engine import Engine
-from ..events import Completion, Event, Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
+from ..events import Completion, Event, Finish, ReasoningDelta, TextDelta, Timings, ToolCallDelta, Usage
 from .common import (
     BadRequest,
     dumps,
@@ -113,34 +113,61 @@ def usage_body(u: Usage) -> dict[str, Any]:
             "total_tokens": u.total_tokens, "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
 
 
+class _Stream:
+    """What a stream's chunks need besides each event: their common head, the usage and timings seen."""
+
+    def __init__(self, name: str) -> None:
+        self.head = f'data: {{"id":"{new_id("chatcmpl-")}","object":"chat.completion.chunk","created":{now()},' \
+                    f'"model":{json.dumps(name)},"choices":[{{"index":0,"delta":'
+        self.usage: Usage | None = None
+        self.timings: dict[str, Any] = {}
+
+    def chunk(self, ev: Event) -> bytes:
+        """The chunk of one event (b"" for usage and timings, which the last chunk carries)."""
+        head = self.head
+        if type(ev) is TextDelta:
+            return f'{head}{{"content":{json.dumps(ev.text)}}},"finish_reason":null}}]}}\n\n'.encode()
+        if type(ev) is ReasoningDelta:
+            return f'{head}{{"reasoning_content":{json.dumps(ev.text)}}},"finish_reason":null}}]}}\n\n'.encode()
+        if isinstance(ev, ToolCallDelta):
+            call: dict[str, Any] = {"index": ev.index, "function": {"arguments": ev.arguments}}
+            if ev.id is not None or ev.name is not None:
+                call.update(id=ev.id, type="function")
+                call["function"]["name"] = ev.name
+            return f'{head}{{"tool_calls":[{dumps(call)}]}},"finish_reason":null}}]}}\n\n'.encode()
+        if isinstance(ev, Finish):
+            reason = FINISH.get(ev.reason or "stop", ev.reason or "stop")
+            return f'{head}{{}},"finish_reason":"{reason}"}}]}}\n\n'.encode()
+        if isinstance(ev, Usage):
+            self.usage = ev
+        elif isinstance(ev, Timings):
+            self.timings = ev.data
+        return b""
+
+
 async def _sse(events: AsyncIterator[Event], name: str, include_usage: bool) -> AsyncIterator[bytes]:
-    head = f'data: {{"id":"{new_id("chatcmpl-")}","object":"chat.completion.chunk","created":{now()},' \
-           f'"model":{json.dumps(name)},"choices":[{{"index":0,"delta":'
-    yield (head + '{"role":"assistant","content":""},"finish_reason":null}]}\n\n').encode()
-    usage: Usage | None = None
+    out = _Stream(name)
+    head = out.head
+    role = (head + '{"role":"assistant","content":""},"finish_reason":null}]}\n\n').encode()
     try:
-        async for ev in events:
-            if type(ev) is TextDelta:  # per token: the chunk written as text, not built and dumped
+        it = aiter(events)
+        first = await anext(it, None)
+        # The role chunk and the first event's go out in one write: the first token is not a write later.
+        yield role + (out.chunk(first) if first is not None else b"")
+        async for ev in it:
+            if type(ev) is TextDelta:  # per token: the chunk written here, not through a call
                 yield f'{head}{{"content":{json.dumps(ev.text)}}},"finish_reason":null}}]}}\n\n'.encode()
-            elif type(ev) is ReasoningDelta:
-                yield f'{head}{{"reasoning_content":{json.dumps(ev.text)}}},"finish_reason":null}}]}}\n\n'.encode()
-            elif isinstance(ev, ToolCallDelta):
-                call: dict[str, Any] = {"index": ev.index, "function": {"arguments": ev.arguments}}
-                if ev.id is not None or ev.name is not None:
-                    call.update(id=ev.id, type="function")
-                    call["function"]["name"] = ev.name
-                yield f'{head}{{"tool_calls":[{dumps(call)}]}},"finish_reason":null}}]}}\n\n'.encode()
-            elif isinstance(ev, Finish):
-                reason = FINISH.get(ev.reason or "stop", ev.reason or "stop")
-                yield f'{head}{{}},"finish_reason":"{reason}"}}]}}\n\n'.encode()
-            elif isinstance(ev, Usage):
-                usage = ev
+            else:
+                chunk = out.chunk(ev)
+                if chunk:
+                    yield chunk
     except Exception as exc:  # after the first event: an error event in the stream (the status was sent)
         yield f"data: {dumps(error_body(exc))}\n\n".encode()
         return
-    if include_usage and usage is not None:
+    if include_usage and out.usage is not None:  # with llama-server's own timings, as llama-server sends them
         tail = head.split(',"choices"', 1)[0]
-        yield f'{tail},"choices":[],"usage":{dumps(usage_body(usage))}}}\n\n'.encode()
+        more = f',"timings":{dumps(out.timings)}' if out.timings else ""
+        yield f'{tail},"choices":[],"usage":{dumps(usage_body(out.usage))}{more}}}\n\n'.encode()
     yield b"data: [DONE]\n\n"
 
 

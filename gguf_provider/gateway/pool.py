@@ -61,6 +61,7 @@ class ModelPool:
         self.hold = hold
         self._entries: dict[tuple[str, Kind, int | None], _Entry] = {}
         self._reaper: asyncio.Task[None] | None = None
+        self._confined: set[str] = set()  # names confine() passed
 
     def config(self, name: str, kind: Kind, n_ctx: int | None) -> EngineConfig:
         options = dict(self.server_options)
@@ -75,7 +76,9 @@ class ModelPool:
     async def use(self, name: str, kind: Kind = "chat", *, n_ctx: int | None = None,
                   keep_alive: float | None = None) -> AsyncIterator[Engine]:
         """The loaded engine of ``name`` for the body of the ``async with`` (started, shared or reused)."""
-        runtime().confine(name)  # ModelNotFoundError for what is not a model this gateway may serve
+        if name not in self._confined:  # ModelNotFoundError for what is no model this gateway may serve
+            await asyncio.to_thread(runtime().confine, name)  # it looks at the file system: off the loop
+            self._confined.add(name)
         key = (name, kind, n_ctx)
         entry = self._entries.get(key)
         if entry is None:
