@@ -1,5 +1,5 @@
 """The ``gguf-provider`` command line, every command in this one module: ``server install|info|path|version``,
-``pull``, ``models``, ``serve``, ``embed``, ``ps``, ``devices``, ``stop``. :func:`build_parser` builds the whole
+``pull``, ``models``, ``serve`` (and the gateway), ``chat``, ``embed``, ``ps``, ``devices``, ``stop``. :func:`build_parser` builds the whole
 parser; :func:`main` is the entry point."""
 
 from __future__ import annotations
@@ -242,6 +242,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         engine.unload()
     return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from . import terminal
+    from .engine import Engine, EngineConfig
+
+    engine = Engine(EngineConfig(model=args.spec, quant=args.quant, **flags.values(args)))
+    try:
+        engine.load()
+        return terminal.run(engine, system=args.system)
+    finally:
+        engine.unload()
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
@@ -488,6 +500,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="how long a model the gateway started stays loaded once idle (default: "
                             "$GGUF_PROVIDER_KEEP_ALIVE or 300)")
     flags.add_to(serve)  # every llama-server option of a chat model, as ChatGGUF and GGUF take it
+    talk = _command(sub, "chat", cmd_chat, "chat with a model in the terminal (streamed replies, /help for commands)")
+    talk.add_argument("spec", help="a model: path, name in the models dir, or org/repo[:QUANT]")
+    talk.add_argument("--quant", help="the quantization to pick from a repo (as :QUANT)")
+    talk.add_argument("--system", metavar="TEXT", help="a system prompt (/system changes it in the chat)")
+    flags.add_to(talk)  # the same server options as `serve`: the same server is shared
     worker = _command(sub, "rpc-worker", cmd_rpc_worker,
                       "run a llama.cpp RPC worker (rpc-server) in the foreground for another machine's llama-server")
     worker.add_argument("--host", default="127.0.0.1",

@@ -126,7 +126,7 @@ def render() -> str:
         if names:
             out += ["", f"## `{cls.__name__}` only", ""] + table(cls, names)
     out += ["", "## What each server option becomes", "",
-            "From `gguf_provider/runtime/_serve/server_options.py`: each option's flag (`gguf-provider serve` and "
+            "From `gguf_provider/runtime/_serve/server_options.py`: each option's flag (`gguf-provider serve`, `gguf-provider chat` and "
             "`%gguf load` take the server and chat options, `gguf-provider embed` the server and embedding ones, "
             "`gguf-provider rerank` the server ones), the llama-server flags it becomes, whether it is part of the "
             "server's identity (another value, another server) and the build flags it needs (probed from `--help`: "
