@@ -17,6 +17,7 @@ from .common import (
     BadRequest,
     dumps,
     field,
+    has_media,
     json_body,
     kind_of,
     message_of,
@@ -241,11 +242,12 @@ async def create(gw: Gateway, request: Request) -> Response:
     body = await json_body(request)
     name = model_name(body)
     req = chat_request(body)
+    vision = has_media(req.messages)
     if not field(body, "stream", bool, default=False):
-        async with gw.pool.use(name) as engine:
+        async with gw.pool.use(name, vision=vision) as engine:
             done = await chat.acomplete(engine, req)
         return JSONResponse(message_body(done, name))
-    opened = await open_events(gw.pool.use(name), lambda engine: chat.astream(engine, req))
+    opened = await open_events(gw.pool.use(name, vision=vision), lambda engine: chat.astream(engine, req))
     return streaming(_sse(opened.events(), name), opened, "text/event-stream")
 
 

@@ -114,6 +114,13 @@ def model_name(body: dict[str, Any]) -> str:
     return str(name)
 
 
+def has_media(messages: list[Any]) -> bool:
+    """Whether OpenAI-shaped ``messages`` hold an image or audio part (the model is then started with its
+    projector)."""
+    return any(isinstance(m, dict) and isinstance(m.get("content"), list) and any(
+        isinstance(p, dict) and p.get("type") in ("image_url", "input_audio") for p in m["content"]) for m in messages)
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}{secrets.token_hex(12)}"
 

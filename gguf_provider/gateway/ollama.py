@@ -22,7 +22,17 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from .. import chat
 from ..events import Completion, Event, Finish, ReasoningDelta, TextDelta, Timings, ToolCallDelta, Usage
 from ..tools import ToolCall
-from .common import BadRequest, dumps, field, json_body, kind_of, message_of, open_events, streaming
+from .common import (
+    BadRequest,
+    dumps,
+    field,
+    has_media,
+    json_body,
+    kind_of,
+    message_of,
+    open_events,
+    streaming,
+)
 
 if TYPE_CHECKING:
     from .state import Gateway
@@ -266,11 +276,12 @@ async def _reply(gw: Gateway, body: dict[str, Any], request: chat.ChatRequest, n
         if not generate:
             out["message"] = {"role": "assistant", "content": ""}
         return JSONResponse(out)
+    vision = has_media(request.messages)
     if field(body, "stream", bool, default=True) is False:
-        async with gw.pool.use(name, n_ctx=n_ctx, keep_alive=hold) as engine:
+        async with gw.pool.use(name, n_ctx=n_ctx, keep_alive=hold, vision=vision) as engine:
             done = await chat.acomplete(engine, request)
         return JSONResponse(_whole(name, done, started, generate))
-    opened = await open_events(gw.pool.use(name, n_ctx=n_ctx, keep_alive=hold),
+    opened = await open_events(gw.pool.use(name, n_ctx=n_ctx, keep_alive=hold, vision=vision),
                                lambda engine: chat.astream(engine, request))
     return streaming(_lines(opened.events(), name, started, generate), opened, MEDIA)
 

@@ -19,6 +19,7 @@ from .common import (
     BadRequest,
     dumps,
     field,
+    has_media,
     json_body,
     kind_of,
     message_of,
@@ -83,12 +84,13 @@ async def chat_completions(gw: Gateway, request: Request) -> Response:
     body = await json_body(request)
     name = model_name(body)
     req = chat_request(body)
+    vision = has_media(req.messages)
     if not field(body, "stream", bool, default=False):
-        async with gw.pool.use(name) as engine:
+        async with gw.pool.use(name, vision=vision) as engine:
             done = await chat.acomplete(engine, req)
         return JSONResponse(completion_body(done, name))
     usage = bool((field(body, "stream_options", dict) or {}).get("include_usage"))
-    opened = await open_events(gw.pool.use(name), lambda engine: chat.astream(engine, req))
+    opened = await open_events(gw.pool.use(name, vision=vision), lambda engine: chat.astream(engine, req))
     return streaming(_sse(opened.events(), name, usage), opened, "text/event-stream")
 
 

@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..engine import Engine, EngineConfig
-from ..errors import InsufficientMemoryError
+from ..media import FetchPolicy
+from ..errors import InsufficientMemoryError, ModelNotFoundError, UnsupportedInputError
 from ..runtime import default as runtime
 
 log = logging.getLogger(__name__)
 Kind = Literal["chat", "embed", "rerank"]
+Key = tuple[str, Kind, int | None, bool]  # model name, kind, context asked, with its projector
 DEFAULT_HOLD = 10.0  # seconds a model's lease is kept after its last request
 
 
@@ -59,34 +61,45 @@ class ModelPool:
         self.server_options = dict(server_options or {})
         self.keep_alive = keep_alive
         self.hold = hold
-        self._entries: dict[tuple[str, Kind, int | None], _Entry] = {}
+        self._entries: dict[Key, _Entry] = {}
         self._reaper: asyncio.Task[None] | None = None
         self._confined: set[str] = set()  # names confine() passed
 
-    def config(self, name: str, kind: Kind, n_ctx: int | None) -> EngineConfig:
+    def config(self, name: str, kind: Kind, n_ctx: int | None, vision: bool = False) -> EngineConfig:
         options = dict(self.server_options)
+        if vision:
+            options["vision"] = True
         if n_ctx is not None:
             options["n_ctx"] = n_ctx
         if kind != "chat":  # a chat server's options do not apply to an embedder's
             options = {k: v for k, v in options.items() if k in ("n_ctx", "threads", "llama_server", "n_gpu_layers")}
+        # Image URLs as the environment allows them, but never a local file: a request comes from another program
+        hosts = tuple(h for h in FetchPolicy.parse(None).setting if h not in ("file:", "file://")) or ("",)
         return EngineConfig(model=name, embedding=kind == "embed", rerank=kind == "rerank", keep_alive=self.keep_alive,
-                            max_retries=0, **options)
+                            max_retries=0, media_allow_hosts=hosts, **options)
 
     @asynccontextmanager
-    async def use(self, name: str, kind: Kind = "chat", *, n_ctx: int | None = None,
-                  keep_alive: float | None = None) -> AsyncIterator[Engine]:
-        """The loaded engine of ``name`` for the body of the ``async with`` (started, shared or reused)."""
+    async def use(self, name: str, kind: Kind = "chat", *, n_ctx: int | None = None, keep_alive: float | None = None,
+                  vision: bool = False) -> AsyncIterator[Engine]:
+        """The loaded engine of ``name`` for the body of the ``async with`` (started, shared or reused); ``vision``:
+        with the model's projector (a request with images: the same model without one is another server)."""
         if name not in self._confined:  # ModelNotFoundError for what is no model this gateway may serve
             await asyncio.to_thread(runtime().confine, name)  # it looks at the file system: off the loop
             self._confined.add(name)
-        key = (name, kind, n_ctx)
+        key = (name, kind, n_ctx, vision)
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = _Entry(Engine(self.config(name, kind, n_ctx)), hold=self.hold)
+            entry = self._entries[key] = _Entry(Engine(self.config(name, kind, n_ctx, vision)), hold=self.hold)
         entry.busy += 1
         try:
             try:
                 await entry.engine.aload()
+            except ModelNotFoundError as exc:
+                if vision and "mmproj" in str(exc):  # the model exists; it takes no images here
+                    raise UnsupportedInputError(f"{name} has no projector (mmproj) beside it, so it takes no images "
+                                                "or audio here: send text, or put its mmproj file next to it",
+                                                "vision") from exc
+                raise
             except InsufficientMemoryError:
                 if not await self._release_idle(entry):
                     raise
@@ -105,7 +118,7 @@ class ModelPool:
         """The models holding a server now, and until when (``time.time()``; in use: inf)."""
         now, wall = time.monotonic(), time.time()
         return [Held(name, kind, e.engine, math.inf if e.busy else wall + e.idle_since + e.hold - now)
-                for (name, kind, _), e in self._entries.items() if e.engine.loaded()]
+                for (name, kind, _, _), e in self._entries.items() if e.engine.loaded()]
 
     async def unload(self, name: str) -> bool:
         """Give back every lease on ``name`` now (the server stops unless another client holds it)."""
@@ -121,7 +134,7 @@ class ModelPool:
         for key, entry in list(self._entries.items()):
             await self._unload(key, entry, force=True)
 
-    async def _unload(self, key: tuple[str, Kind, int | None], entry: _Entry, *, stop: bool = False,
+    async def _unload(self, key: Key, entry: _Entry, *, stop: bool = False,
                       force: bool = False) -> None:
         """Forget ``entry`` (a request after this makes a new engine) and give back its lease, unless it is in use.
         ``stop``: its server stops now when no other client holds it, instead of after its keep_alive."""

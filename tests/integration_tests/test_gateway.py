@@ -33,7 +33,7 @@ WEATHER_TOOL = {"type": "function", "function": {
 CALL_SCHEMA = {"type": "object", "properties": {"name": {"const": "get_weather"}, "arguments": {
     "type": "object", "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 20}},
     "required": ["city"]}}, "required": ["name", "arguments"]}
-# A 1x1 PNG (red): a valid image for a model without a projector, which the gateway must refuse in protocol shape.
+# A 1x1 PNG (red).
 PNG = base64.b64encode(bytes.fromhex(
     "89504e470d0a1a0a0000000d4948445200000001000000010802000000907753de0000000c49444154789c63f8cfc000000301"
     "0100c9fe92ef0000000049454e44ae426082")).decode()
@@ -136,11 +136,31 @@ def test_openai_sdk_errors_in_openai_shape(gw: GatewayProc) -> None:
         client.chat.completions.create(model=SMOL, messages=[{"role": "user", "content": long_prompt()}])
     assert over.value.body["code"] == "context_length_exceeded"  # type: ignore[index]
     assert "context" in str(over.value)
-    with pytest.raises(openai.BadRequestError) as image:  # SmolLM2 here has no projector
-        client.chat.completions.create(model=SMOL, messages=[{"role": "user", "content": [
-            {"type": "text", "text": "What is this?"},
-            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}]}])
-    assert "vision" in str(image.value) or "image" in str(image.value)
+
+
+def test_images_start_the_model_with_its_projector(gw: GatewayProc) -> None:
+    """An image part starts the model with the projector beside it (the test projector, random weights: the reply
+    means nothing, but the image went through), in OpenAI's and Ollama's forms."""
+    image = [{"type": "text", "text": "What is this?"},
+             {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}]
+    client = openai_client(gw)
+    text = client.chat.completions.create(model=SMOL, messages=[{"role": "user", "content": "What is this?"}],
+                                          max_tokens=8, temperature=0)
+    reply = client.chat.completions.create(model=SMOL, messages=[{"role": "user", "content": image}],
+                                           max_tokens=8, temperature=0)
+    assert reply.choices[0].message.content is not None
+    assert text.usage is not None and reply.usage is not None
+    assert reply.usage.prompt_tokens > text.usage.prompt_tokens  # the image's tokens are in the prompt
+    seen = ollama_client(gw).chat(model=SMOL, messages=[{"role": "user", "content": "What is this?",
+                                                         "images": [PNG]}], options={"num_predict": 8})
+    assert seen.done and seen.prompt_eval_count == reply.usage.prompt_tokens
+    # An image URL on this machine is not fetched (media.py's rules): a 400 naming why, in OpenAI's shape.
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=SMOL, max_tokens=8, messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": f"{gw.url}/api/version"}}]}])
+    assert "refused" in str(refused.value) or "not fetched" in str(refused.value)
 
 
 def test_openai_sdk_default_max_tokens_is_capped_at_the_context(gw: GatewayProc) -> None:
@@ -423,6 +443,22 @@ def test_concurrent_streams_are_all_served(gw: GatewayProc) -> None:
     assert len(asyncio.run(main())) == 32
 
 
+def test_requests_for_a_loading_model_wait_for_one_load(gw: GatewayProc) -> None:
+    """Four first requests at once for a model no server holds (a context of its own): one server starts, and every
+    request is answered by it."""
+    import ollama
+
+    client = ollama.AsyncClient(host=gw.url)
+
+    async def main() -> list[Any]:
+        return await asyncio.gather(*(client.chat(model=QWEN, messages=[{"role": "user", "content": "hi"}],
+                                                  options={"num_ctx": 1536, "num_predict": 4}) for _ in range(4)))
+
+    assert all(r.done for r in asyncio.run(main()))
+    started = [p for p in gw.servers() if "1536" in " ".join(p.cmdline())]
+    assert len(started) == 1
+
+
 def test_key_required_off_loopback_and_checked(tmp_path: Path, smollm2_path: Path) -> None:
     import subprocess
     import sys
@@ -490,3 +526,25 @@ def test_reasoning_apart_from_the_answer_in_each_protocol(smollm2_path: Path, ll
         assert kinds[0] == "thinking"
         oll = ollama_client(g).chat(model=SMOL, messages=ask, options={"num_predict": 30, "temperature": 0})
         assert oll.message.thinking
+
+
+def test_ollama_pull_streams_progress_then_serves_the_model(smollm2_path: Path, hub: Any) -> None:
+    """`ollama pull` of a repo on the local Hugging Face endpoint: Ollama's progress lines (byte counts of the
+    file), then success; the model is then listed and answers. A second pull of the cached model downloads nothing."""
+    import ollama
+
+    from tests.support.hf_repos import MAIN
+
+    name = f"{MAIN}:Q8_0"
+    with gateway(smollm2_path.parent, env={"HF_HUB_OFFLINE": "0"}) as g:
+        client = ollama.Client(host=g.url)
+        parts = list(client.pull(name, stream=True))
+        assert parts[0].status == "pulling manifest" and parts[-1].status == "success"
+        sized = [p for p in parts if p.total]
+        assert sized and sized[-1].completed == sized[-1].total > 1_000_000
+        assert name in {m.model for m in client.list().models}
+        assert client.chat(model=name, messages=[{"role": "user", "content": "hi"}], options={"num_predict": 4}).done
+        assert len(hub.downloads_of(MAIN, "SmolLM2-135M-Instruct-Q8_0.gguf")) == 1
+        again = list(client.pull(name, stream=True))
+        assert again[-1].status == "success"
+        assert len(hub.downloads_of(MAIN, "SmolLM2-135M-Instruct-Q8_0.gguf")) == 1

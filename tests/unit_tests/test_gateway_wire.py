@@ -163,3 +163,16 @@ def test_ollama_messages_and_options() -> None:
                                       "format": "json", "think": "high"}, [])
     assert n_ctx == 4096 and req.params == {"max_tokens": 8, "temperature": 0, "stop": ["x"]}
     assert req.response_format == {"type": "json_object"} and req.reasoning == "high"
+
+
+def test_a_request_never_reads_a_local_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`file:` in the environment's media setting (a notebook's choice) is not the gateway's: its clients are other
+    programs. The rest of the setting holds."""
+    from gguf_provider.gateway.pool import ModelPool
+    from gguf_provider.media import FetchPolicy
+
+    monkeypatch.setenv("GGUF_PROVIDER_MEDIA_ALLOW_HOSTS", "file:,10.0.0.0/8")
+    policy = FetchPolicy.parse(ModelPool().config("m", "chat", None).media_allow_hosts)
+    assert not policy.files and policy.networks
+    monkeypatch.setenv("GGUF_PROVIDER_MEDIA_ALLOW_HOSTS", "file:")
+    assert not FetchPolicy.parse(ModelPool().config("m", "chat", None).media_allow_hosts).files
