@@ -129,6 +129,8 @@ def bench_gateway(cfg: Config, model: Path) -> dict[str, Any]:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+        # the server outlives the gateway by its keep_alive: stopped now (the bench's home holds only its own)
+        subprocess.run([sys.executable, "-m", "gguf_provider.cli", "stop", "--all"], capture_output=True, check=False)
 
 
 def _behind(url: str) -> dict[str, Any]:
