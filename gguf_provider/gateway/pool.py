@@ -128,11 +128,12 @@ class ModelPool:
         return bool(found)
 
     async def close(self) -> None:
-        """Give back every lease (the gateway stops)."""
+        """Give back every lease (the gateway stops): its servers stop now unless another process holds them, as
+        `serve MODEL`'s does at exit."""
         if self._reaper is not None:
             self._reaper.cancel()
         for key, entry in list(self._entries.items()):
-            await self._unload(key, entry, force=True)
+            await self._unload(key, entry, stop=True, force=True)
 
     async def _unload(self, key: Key, entry: _Entry, *, stop: bool = False,
                       force: bool = False) -> None:
