@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from tests.support.gateway import GatewayProc, gateway
+from tests.support.runtime import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -74,31 +75,36 @@ def test_openai_sdk_chat_stream_and_whole_agree(gw: GatewayProc) -> None:
         [whole.choices[0].finish_reason]
 
 
-def test_openai_sdk_matches_chatgguf_on_the_same_server(gw: GatewayProc, smollm2_path: Path) -> None:
-
-    client = openai_client(gw)
-    question = "What is the capital of France?"
-    via = client.chat.completions.create(model=SMOL, messages=[{"role": "user", "content": question}],
-                                         temperature=0, max_tokens=20, extra_body={"cache_prompt": False})
-    # ChatGGUF in this process shares the gateway's server (same spec, same runtime home).
-    direct = _direct(gw, smollm2_path, question)
-    assert via.choices[0].message.content == direct
-
-
-def _direct(gw: GatewayProc, model: Path, question: str) -> str:
-    """ChatGGUF's reply (greedy, no prompt cache) on the gateway's server for ``model``: run in a subprocess with
-    the gateway's home, so that it shares the server the gateway runs."""
+def test_a_model_a_script_holds_is_the_one_the_gateway_serves(gw: GatewayProc, smollm2_path: Path) -> None:
+    """A script (ChatGGUF, the gateway's runtime home) loads SmolLM2 with the gateway's options first; the gateway's
+    request is answered by that server, and the two replies (greedy, no prompt cache) are the same."""
     import subprocess
     import sys
 
     code = ("import json,sys\nfrom gguf_provider.langchain import ChatGGUF\n"
-            f"llm = ChatGGUF(model={str(model)!r}, n_ctx={N_CTX}, temperature=0, max_tokens=20, "
-            "model_kwargs={'cache_prompt': False})\n"
-            f"print(json.dumps(llm.invoke({question!r}).content))\nllm.unload()\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=gw.env, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    out: str = json.loads(done.stdout.strip().splitlines()[-1])
-    return out
+            f"llm = ChatGGUF(model={str(smollm2_path)!r}, n_ctx={N_CTX}, temperature=0, max_tokens=20, "
+            "model_kwargs={'cache_prompt': False}).load()\n"
+            "print(llm.engine.info.pid, flush=True)\nq = sys.stdin.readline().strip()\n"
+            "print(json.dumps(llm.invoke(q).content), flush=True)\nllm.unload()\n")
+    script = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, env=gw.env)
+    try:
+        assert script.stdout is not None and script.stdin is not None
+        pid = int(script.stdout.readline())
+        question = "What is the capital of France?"
+        via = openai_client(gw).chat.completions.create(
+            model=SMOL, messages=[{"role": "user", "content": question}], temperature=0, max_tokens=20,
+            extra_body={"cache_prompt": False})
+        shown = json.loads(subprocess.run([sys.executable, "-m", "gguf_provider.cli", "ps", "--json"], env=gw.env,
+                                          capture_output=True, text=True, timeout=60).stdout)
+        (row,) = [r for r in shown["servers"] if r["pid"] == pid]
+        assert row["gateway"] == gw.url and len(row["holders"]) == 2  # the script and the gateway
+        script.stdin.write(question + "\n")
+        script.stdin.flush()
+        assert via.choices[0].message.content == json.loads(script.stdout.readline())
+    finally:
+        script.kill()
+        script.wait(30)
 
 
 def test_openai_sdk_forced_tool_call_streamed(gw: GatewayProc) -> None:
@@ -346,6 +352,8 @@ def test_ollama_client_num_ctx_keep_alive_and_errors(gw: GatewayProc) -> None:
     reply = client.chat(model=SMOL, messages=[{"role": "user", "content": "hi"}],
                         options={"num_ctx": 1024, "num_predict": 4}, keep_alive=0)
     assert reply.done
+    # keep_alive 0: the server it started for that context stops at once (no other process holds it)
+    wait_until(lambda: not [p for p in gw.servers() if "1024" in p.cmdline()], 30)
     with pytest.raises(ollama.ResponseError) as nf:
         client.chat(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
     assert nf.value.status_code == 404
@@ -457,6 +465,31 @@ def test_requests_for_a_loading_model_wait_for_one_load(gw: GatewayProc) -> None
     assert all(r.done for r in asyncio.run(main()))
     started = [p for p in gw.servers() if "1536" in " ".join(p.cmdline())]
     assert len(started) == 1
+
+
+def test_the_memory_budget_evicts_what_the_gateway_no_longer_uses(smollm2_path: Path) -> None:
+    """One model at a time ($GGUF_PROVIDER_MAX_MODELS=1), servers kept 600 s once idle: a second model evicts the
+    first, whether the gateway still held it (it gives back what no request uses) or had let it go."""
+    import ollama
+
+    env = {"GGUF_PROVIDER_MAX_MODELS": "1", "GGUF_PROVIDER_KEEP_ALIVE": "600"}
+    with gateway(smollm2_path.parent, "--ctx", "1024", env=env) as g:
+        client = ollama.Client(host=g.url)
+
+        def serving() -> list[str]:
+            return [Path(p.cmdline()[p.cmdline().index("-m") + 1]).stem for p in g.servers()]
+
+        assert client.chat(model=SMOL, messages=[{"role": "user", "content": "hi"}], options={"num_predict": 2}).done
+        assert serving() == [SMOL]
+        # held (its ten seconds after the last request): given back to make room
+        assert client.chat(model=QWEN, messages=[{"role": "user", "content": "hi"}], options={"num_predict": 2}).done
+        wait_until(lambda: serving() == [QWEN], 30)
+        # let go at once (keep_alive 0.1 s), then idle on its own: evicted by the budget
+        client.chat(model=SMOL, messages=[{"role": "user", "content": "hi"}], options={"num_predict": 2},
+                    keep_alive="100ms")
+        wait_until(lambda: serving() == [SMOL], 30)
+        assert client.chat(model=QWEN, messages=[{"role": "user", "content": "hi"}], options={"num_predict": 2}).done
+        wait_until(lambda: serving() == [QWEN], 30)
 
 
 def test_key_required_off_loopback_and_checked(tmp_path: Path, smollm2_path: Path) -> None:
