@@ -31,6 +31,15 @@ SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL, signal.
 GONE_WITHIN = REACT  # seconds: a killed process, and what it takes down with it, is gone
 
 
+def _kill_all(proc: subprocess.Popen[str], rt: RuntimeEnv) -> None:
+    """After a failed test: the command's process group and this test's servers."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(GONE_WITHIN)
+    for p in rt.servers():
+        p.kill()
+
+
 def _gone(p: psutil.Process) -> bool:
     return not pid_alive(p.pid) or not p.is_running()  # a reused pid is another process
 
@@ -67,11 +76,7 @@ def test_serve_leaves_no_server_behind(rt: RuntimeEnv, sig: signal.Signals) -> N
         wait_until(lambda: not rpc.reachable(f"127.0.0.1:{port}", timeout=GONE_WITHIN), GONE_WITHIN)
         wait_until(lambda: not rt.watchdogs(), GONE_WITHIN)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(GONE_WITHIN)
-        for p in rt.servers():
-            p.kill()
+        _kill_all(proc, rt)
 
 
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
@@ -103,11 +108,7 @@ def test_the_gateway_leaves_no_server_behind(rt: RuntimeEnv, sig: signal.Signals
         wait_until(lambda: not rt.watchdogs(), GONE_WITHIN)
         assert json.loads(rt.gguf_cli("ps", "--json").stdout)["gateways"] == []
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(GONE_WITHIN)
-        for p in rt.servers():
-            p.kill()
+        _kill_all(proc, rt)
 
 
 @pytest.mark.parametrize("shared", [True, False], ids=["shared", "private"])
