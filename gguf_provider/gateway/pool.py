@@ -85,6 +85,8 @@ class ModelPool:
         with the model's projector (a request with images: the same model without one is another server)."""
         if name not in self._confined:  # ModelNotFoundError for what is no model this gateway may serve
             await asyncio.to_thread(runtime().confine, name)  # it looks at the file system: off the loop
+            if len(self._confined) > 4096:  # names need not exist: bounded, whatever callers send
+                self._confined.clear()
             self._confined.add(name)
         key = (name, kind, n_ctx, vision)
         entry = self._entries.get(key)
