@@ -122,14 +122,10 @@ def rows(res: dict[str, Any]) -> list[Row]:
                 add("P19 two models at once, decode tok/s ÷ alone", f"{who}: {name}", s, 2)
     if "p20" in res:
         p = res["p20"]
-        add("P20 streamed decode tok/s through the gateway ÷ straight to its llama-server, server time taken out",
-            "OpenAI API, raw httpx", p["tps_ratio"], 3)
-        add("P20 streamed decode tok/s through the gateway ÷ straight, wall clock only", "OpenAI API, raw httpx",
-            p["tps_wall_ratio"], 3)
-        add("P20 time to first token, through the gateway − straight, server time taken out", "OpenAI API, raw httpx",
-            p["ttft_extra_ms"], 1, " ms")
-        add("P20 time to first token, through the gateway − straight, wall clock only", "OpenAI API, raw httpx",
-            p["ttft_wall_extra_ms"], 1, " ms")
+        add("P20 stream tok/s, gateway ÷ its llama-server, server time taken out", "raw httpx", p["tps_ratio"], 3)
+        add("P20 stream tok/s, gateway ÷ its llama-server, wall clock only", "raw httpx", p["tps_wall_ratio"], 3)
+        add("P20 TTFT, gateway − its llama-server, server time taken out", "raw httpx", p["ttft_extra_ms"], 1, " ms")
+        add("P20 TTFT, gateway − its llama-server, wall clock only", "raw httpx", p["ttft_wall_extra_ms"], 1, " ms")
     for metric, what, summ, digits, unit in peer_rows(res):
         add(metric, what, summ, digits, unit)
     if "p6" in res:
@@ -348,7 +344,7 @@ def write_summary(res: dict[str, Any], path: Path, cfg: Config) -> None:
     if res.get("merged"):
         mg = res["merged"]
         names = ", ".join(k.upper() for k in mg["scenarios"] if not k.startswith("p2_"))
-        lines += [f"{names}: a later run of them alone ({mg['part_elapsed_s'] / 60:.0f} min); the rest: the "
+        lines += [f"{names}: later runs of them alone ({mg['part_elapsed_s'] / 60:.0f} min); the rest: the "
                   f"full run before ({mg['base_elapsed_s'] / 60:.0f} min).", ""]
     elif "budget_s" in res:
         lines += [run_time(res), ""]

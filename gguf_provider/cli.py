@@ -121,6 +121,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
               + (f"  {r.describe_options()}" if r.describe_options() else "")
               + (f"\n    on {r.describe_placement()}" if r.placement else "")
               + (f"\n    held by the gateway at {r.gateway}" if r.gateway else "")
+              + (f"\n    API key in {r.key_file}" if r.key_file else "")
               + f"\n    live: {r.describe_metrics()}" + (f"\n    log: {r.log}" if r.log else ""))
     print(budget.describe())
     for g in now_running.gateways:
@@ -223,6 +224,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.spec is None:
         return cmd_gateway(args)
     from .engine import Engine, EngineConfig
+    from .runtime import default
 
     # A value this build (or the fit) refuses is a ValueError, exit 2 in main() as for every command
     engine = Engine(EngineConfig(model=args.spec, quant=args.quant, keep_alive=0, **flags.values(args)))
@@ -232,7 +234,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
           + (f", RPC workers {','.join(engine.config.rpc_servers)}" if engine.config.rpc_servers else "")
           + f") at {info.address.describe()} pid {info.pid}; Ctrl-C stops it", flush=True)
     if info.address.api_key:
-        print("the API key is in the server's key file in the runtime dir (0600)", flush=True)
+        key_file = next((r.key_file for r in default().status().servers if r.pid == info.pid), "")
+        print(f"clients send the API key in {key_file or 'its key file in the runtime dir'} (0600) as "
+              "`Authorization: Bearer KEY`", flush=True)
     _stop_on_signals()  # TERM and HUP unload as Ctrl-C does (after kill -9, the watchdog stops the server)
     try:
         while info.alive():

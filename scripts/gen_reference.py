@@ -129,8 +129,7 @@ def render() -> str:
             "From `gguf_provider/runtime/_serve/server_options.py`: each option's flag (`gguf-provider serve`, `gguf-provider chat` and "
             "`%gguf load` take the server and chat options, `gguf-provider embed` the server and embedding ones, "
             "`gguf-provider rerank` the server ones), the llama-server flags it becomes, whether it is part of the "
-            "server's identity (another value, another server) and the build flags it needs (probed from `--help`: "
-            "without them speculation is left off, a KV cache type is refused, others fail the start).", ""]
+            "server's identity and the build flags it needs (probed from `--help`).", ""]
     out += server_table()
     return "\n".join(out) + "\n"
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..engine import Engine, EngineConfig
-from ..media import FetchPolicy
 from ..errors import InsufficientMemoryError, ModelNotFoundError, UnsupportedInputError
+from ..media import FetchPolicy
 from ..runtime import default as runtime
 
 log = logging.getLogger(__name__)

@@ -81,7 +81,9 @@ def test_cli_serve_ps_stop(smollm2_path: Path) -> None:
         # Local requests: milliseconds, under load too; 5 s is 100x.
         assert httpx.get(f"{url}/v1/models", timeout=5).status_code == 401
         entry = next(e for e in registry.read().values() if e.url == url)
-        assert entry.api_key_file
+        assert entry.api_key_file and row["key_file"] == entry.api_key_file  # `ps --json` names it
+        key_line = serve.stdout.readline()  # and `serve` says where it is
+        assert entry.api_key_file in key_line and "Bearer" in key_line, key_line
         key = Path(entry.api_key_file).read_text().strip()
         assert httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=5).status_code == 200
         stop = subprocess.run([*CLI, "stop", row["id"]], capture_output=True, text=True, check=True)

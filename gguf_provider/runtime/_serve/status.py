@@ -49,6 +49,7 @@ class ServerStatus:
     # None when it did not answer within the bound (or was not asked: ``running_servers(live=False)``).
     metrics: ServerMetrics | None = None
     gateway: str | None = None  # the URL of the gateway (`gguf-provider serve` with no model) holding it
+    key_file: str = ""  # the 0600 file holding its API key (a server on a TCP port), "" for a Unix socket
 
 
     def describe_metrics(self) -> str:
@@ -104,7 +105,7 @@ def running_servers(*, live: bool = False) -> list[ServerStatus]:
                                  last_used=e.last_used or e.started_at or 0.0,
                                  holders=tuple(sorted(int(p) for p in e.leases)), workers=e.rpc_servers,
                                  options=dict(e.options), placement=[dict(p) for p in e.placement], log=e.log,
-                                 threads=e.threads, metrics=live_numbers.get(key)))
+                                 threads=e.threads, metrics=live_numbers.get(key), key_file=e.api_key_file or ""))
     return rows
 
 
