@@ -396,6 +396,10 @@ def test_langchain_chat_ollama_and_embeddings(gw: GatewayProc) -> None:
     assert [tc["name"] for tc in msg.tool_calls] == ["get_weather"]
     emb = OllamaEmbeddings(model=MINILM, base_url=gw.url)
     assert len(emb.embed_query("hello")) == 384
+    colour = {"title": "Colour", "type": "object", "required": ["colour"],
+              "properties": {"colour": {"type": "string", "maxLength": 20}}}
+    structured = ChatOllama(model=QWEN, base_url=gw.url, temperature=0).with_structured_output(colour)
+    assert isinstance(structured.invoke("Give a colour.")["colour"], str)  # type: ignore[index]
 
 
 def test_ollama_pull_of_a_cached_or_missing_repo(gw: GatewayProc) -> None:
