@@ -11,7 +11,6 @@ import asyncio
 import json
 import logging
 import time
-import warnings
 from collections.abc import AsyncGenerator, Generator
 from contextlib import aclosing, closing
 from dataclasses import dataclass, field, replace
@@ -19,6 +18,7 @@ from typing import Any
 
 from . import families
 from ._io import no_loop, running_loop
+from ._warn import warn
 from .deadline import Deadline
 from .engine import Engine
 from .errors import GenerationTimeWarning, LoopWarning, ReasoningWarning, RepeatedToolCallWarning
@@ -175,7 +175,7 @@ def reasoning_fields(reasoning: Reasoning, budget: int | None, family: families.
     fields, warning = families.reasoning_fields(reasoning, budget, family)
     if warning and warning not in _warned:
         _warned.add(warning)
-        warnings.warn(warning, ReasoningWarning, stacklevel=5)
+        warn(warning, ReasoningWarning)
     return fields
 
 
@@ -295,8 +295,8 @@ class EventProcessor:
         if self.cut_by_time():
             how = "closed by gguf-provider: no newline" if self.overdue else "llama-server's t_max_predict_ms"
             log.info("max_time: the reply was cut after %g s (%s)", self.max_time, how)
-            warnings.warn(f"the reply was cut by max_time={self.max_time:g} s (finish_reason 'length'); pass a larger "
-                          "max_time, or max_time=None for no time bound", GenerationTimeWarning, stacklevel=4)
+            warn(f"the reply was cut by max_time={self.max_time:g} s (finish_reason 'length'); pass a larger "
+                 "max_time, or max_time=None for no time bound", GenerationTimeWarning)
         return out
 
     def cut_by_time(self) -> bool:
@@ -517,8 +517,8 @@ def _without_tools(request: ChatRequest) -> ChatRequest:
     """The request asked once more, without tools and with a one-line nudge to answer: when a small model's whole
     reply was a call it had already made and got the result of (it would loop on it otherwise)."""
     log.info("loop guard: the model repeated an answered tool call; asking once more without tools")
-    warnings.warn("the model repeated a tool call whose result it already has; asking it once more, without tools, "
-                  "to answer from the result", RepeatedToolCallWarning, stacklevel=3)
+    warn("the model repeated a tool call whose result it already has; asking it once more, without tools, "
+         "to answer from the result", RepeatedToolCallWarning)
     messages = [*request.messages, {"role": "user", "content": ANSWER_NUDGE}]
     return replace(request, messages=messages, tools=[], tool_choice=None)
 
@@ -528,8 +528,8 @@ def _tool_results_answer(request: ChatRequest) -> list[Event]:
     about half the time): the results of the last tool calls are the answer, as with LlamaIndex's
     ``return_direct``, so an agent ends with the result instead of raw call JSON."""
     log.info("loop guard: the model repeated the answered tool call again; returning the tool results as the answer")
-    warnings.warn("the model repeated its answered tool call again; the tool results are returned as the answer",
-                  RepeatedToolCallWarning, stacklevel=3)
+    warn("the model repeated its answered tool call again; the tool results are returned as the answer",
+         RepeatedToolCallWarning)
     results: list[str] = []
     for m in reversed(request.messages):
         if m.get("role") != "tool":
@@ -553,5 +553,5 @@ def _for_loop_retry(request: ChatRequest, why: str) -> ChatRequest:
     added = {k: v for k, v in LOOP_RETRY_PARAMS.items() if request.params.get(k) is None}
     settings = ", ".join(f"{k}={v}" for k, v in added.items())
     log.info("loop guard: the structured reply %s; asking once more with %s", what, settings)
-    warnings.warn(f"the structured reply {what}; asking once more with {settings}", LoopWarning, stacklevel=3)
+    warn(f"the structured reply {what}; asking once more with {settings}", LoopWarning)
     return replace(request, params={**request.params, **added})

@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from . import __version__, flags, logs
+from . import __version__, advice, flags, logs
 from .errors import GGUFProviderError
 
 
@@ -115,8 +119,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
         print("no servers running")
     now = time.time()
     for r in rows:
-        print(f"{r.id}  pid {r.pid:>7}  ctx {r.ctx:>6}  threads {r.threads or '-':>2}  mem {r.memory / 2**20:6.0f} MiB (rss "
-              f"{r.rss / 2**20:.0f})  leases {r.leases}  last used {now - r.last_used:6.0f}s ago  {r.model}  "
+        print(f"{r.id}  pid {r.pid:>7}  ctx {r.ctx:>6}  threads {r.threads or '-':>2}  mem {r.memory / 2**20:6.0f} MiB (charge "
+              f"{r.charge / 2**20:.0f}, rss {r.rss / 2**20:.0f})  leases {r.leases}  last used {now - r.last_used:6.0f}s ago  {r.model}  "
               f"{r.address}" + (f"  workers {','.join(r.workers)}" if r.workers else "")
               + (f"  {r.describe_options()}" if r.describe_options() else "")
               + (f"\n    on {r.describe_placement()}" if r.placement else "")
@@ -186,23 +190,74 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_stop(args: argparse.Namespace) -> int:
     from .runtime import default
 
-    stopped = default().stop(None if args.all else args.id or "\0")
+    rows = default().status().servers
+    if not args.all and args.id is None:
+        if not rows:
+            print("no servers running")
+            return 0
+        _print_servers(rows, "running")
+        print("gguf-provider: error: name the server to stop: `gguf-provider stop ID` (an id prefix or the model's "
+              "name), or `gguf-provider stop --all`", file=sys.stderr)
+        return 2
+    if args.all:
+        ids = [r.id for r in rows]
+    else:  # an id prefix, else a model name (the file's stem, or its repo)
+        ids = [r.id for r in rows if r.id.startswith(args.id)] or [r.id for r in rows if args.id in _names(r.model)]
+        if not ids:
+            print(f"gguf-provider: error: no server {args.id!r}" + _did_you_mean(args.id, rows), file=sys.stderr)
+            if rows:
+                _print_servers(rows, "running")
+            return 1
+    stopped = [e for key in ids for e in default().stop(key)]
+    if args.all:
+        stopped += default().stop(None)  # and stale entries ps no longer shows
     for e in stopped:
         if e.running:
             print(f"stopped pid {e.pid} ({e.model})")
         else:  # dead, or a pid now used by a process we did not start: only the entry goes
             print(f"removed the stale entry of pid {e.pid} (not our running server) ({e.model})")
     if not stopped:
-        print("nothing to stop")
-        return 1 if args.id else 0
+        print("no servers running")
     return 0
+
+
+def _names(model: str) -> set[str]:
+    """What a user may call a server's model: its path, file name, stem (the models-dir name)."""
+    path = Path(model)
+    return {model, path.name, path.stem, path.stem.split("-0000")[0]}
+
+
+def _did_you_mean(word: str, rows: list[Any]) -> str:
+    close = difflib.get_close_matches(word, sorted({n for r in rows for n in _names(r.model) if "/" not in n}), n=1)
+    return f": did you mean {close[0]!r}?" if close else ""
+
+
+def _print_servers(rows: list[Any], what: str) -> None:
+    print(f"{what}:", file=sys.stderr)
+    for r in rows:
+        print(f"  {r.id}  pid {r.pid}  {Path(r.model).name}", file=sys.stderr)
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
     from .runtime import ModelRef, default
 
-    resolved = default().pull(ModelRef(args.spec, quant=args.quant, vision=args.vision))
-    print(resolved.path)
+    fetched = [0]
+
+    def progress(stage: str, done: int, total: int, detail: str = "") -> None:
+        if stage == "download":
+            fetched[0] = max(fetched[0], done)
+
+    resolved = default().pull(ModelRef(args.spec, quant=args.quant, vision=args.vision, progress=progress),
+                              force=args.force)
+    name = f"{resolved.repo}:{resolved.quant}" if resolved.quant else args.spec
+    if resolved.cached:  # the Hub was not asked
+        print(f"{name} is already in the Hugging Face cache; nothing was downloaded ({resolved.cached})",
+              file=sys.stderr)
+    elif fetched[0]:
+        print(f"{name}: downloaded {fetched[0] / 2**20:,.0f} MiB", file=sys.stderr)
+    else:
+        print(f"{name} is up to date in the Hugging Face cache", file=sys.stderr)
+    print(resolved.path)  # stdout: the bare path (scripts read it)
     return 0
 
 
@@ -215,8 +270,10 @@ def cmd_models(args: argparse.Namespace) -> int:
     elif not models:
         print("no local models")
     else:
-        for m in models:
-            print(f"{m.name}  {m.size_bytes / 2**20:8.0f} MiB  {m.path}")
+        rows = [("name", "size", "path")] + [(m.name, f"{m.size_bytes / 2**20:,.0f} MiB", str(m.path)) for m in models]
+        name_w, size_w = (max(len(r[i]) for r in rows) for i in (0, 1))
+        for name, size, path in rows:
+            print(f"{name:<{name_w}}  {size:>{size_w}}  {path}")
     return 0
 
 
@@ -233,6 +290,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"{engine.config.kv_cache_type}"
           + (f", RPC workers {','.join(engine.config.rpc_servers)}" if engine.config.rpc_servers else "")
           + f") at {info.address.describe()} pid {info.pid}; Ctrl-C stops it", flush=True)
+    _said_ctx(args, engine.n_ctx)
     if info.address.api_key:
         key_file = next((r.key_file for r in default().status().servers if r.pid == info.pid), "")
         print(f"clients send the API key in {key_file or 'its key file in the runtime dir'} (0600) as "
@@ -248,6 +306,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _said_ctx(args: argparse.Namespace, n_ctx: int) -> None:
+    asked = getattr(args, "n_ctx", None)
+    if asked is not None and asked != n_ctx:
+        print(f"gguf-provider: note: --ctx {asked} became {n_ctx}: llama.cpp rounds a context up to a multiple of "
+              "256" if n_ctx > asked else f"gguf-provider: note: --ctx {asked} became {n_ctx} (the server's own "
+              "answer)", file=sys.stderr, flush=True)
+
+
 def cmd_chat(args: argparse.Namespace) -> int:
     from . import terminal
     from .engine import Engine, EngineConfig
@@ -255,6 +321,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     engine = Engine(EngineConfig(model=args.spec, quant=args.quant, **flags.values(args)))
     try:
         engine.load()
+        _said_ctx(args, engine.n_ctx)
         return terminal.run(engine, system=args.system)
     finally:
         engine.unload()
@@ -376,7 +443,9 @@ def cmd_embed(args: argparse.Namespace) -> int:
     if not texts:
         print("gguf-provider: error: give texts as arguments or one per line on stdin", file=sys.stderr)
         return 2
-    engine = Engine(EngineConfig(model=args.spec, embedding=True, **flags.values(args, ("server", "embedding"))))
+    engine = Engine(EngineConfig(model=args.spec, embedding=True, keep_alive=args.keep_alive,
+                                 **flags.values(args, ("server", "embedding"))))
+    _hint_chat_model(args.spec, getattr(args, "pooling", None))
     try:
         vectors = engine.embed(texts, truncate=args.truncate)
     finally:
@@ -391,6 +460,20 @@ def cmd_embed(args: argparse.Namespace) -> int:
     return 0
 
 
+def _hint_chat_model(spec: str, pooling: str | None) -> None:
+    """A chat model serves embeddings too, but poor ones for search: say so before the user indexes with it."""
+    from .runtime import default
+
+    try:
+        header = default().describe(spec)
+    except (GGUFProviderError, OSError, ValueError):
+        return  # the engine's own load says what is wrong
+    if header.get("chat_template") and not header.get("pooling") and pooling is None:
+        print(f"gguf-provider: warning: {spec} is a chat model ({header.get('architecture')}): its vectors are poor "
+              "for search and similarity; an embedding model (all-MiniLM-L6-v2, bge, nomic-embed, Qwen3-Embedding) "
+              "gives better ones (docs/embeddings.md)", file=sys.stderr)
+
+
 def cmd_rerank(args: argparse.Namespace) -> int:
     from .engine import Engine, EngineConfig
 
@@ -398,7 +481,8 @@ def cmd_rerank(args: argparse.Namespace) -> int:
     if not docs:
         print("gguf-provider: error: give documents as arguments or one per line on stdin", file=sys.stderr)
         return 2
-    engine = Engine(EngineConfig(model=args.spec, rerank=True, **flags.values(args, ("server",))))
+    engine = Engine(EngineConfig(model=args.spec, rerank=True, keep_alive=args.keep_alive,
+                                 **flags.values(args, ("server",))))
     try:
         ranked = engine.rerank(args.query, docs, top_n=args.top_n)
     finally:
@@ -413,13 +497,71 @@ def cmd_rerank(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Options anywhere among a command's positionals (``embed MODEL --json "text"``: argparse's intermixed
+    parsing), each error under the command's own usage, and "did you mean" for a misspelled flag or command."""
+
+    _inside = False  # parse_known_intermixed_args calls parse_known_args: the second call is the plain one
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if self._inside or self._subparsers is not None:  # a command group: its command parses the rest
+            return super().parse_known_args(args, namespace)
+        self._inside = True
+        try:
+            parsed, extras = super().parse_known_intermixed_args(args, namespace)
+        finally:
+            self._inside = False
+        if extras:  # this command's error, not the top-level usage's
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self._did_you_mean(extras)}")
+        return parsed, extras
+
+    def _did_you_mean(self, words: list[str]) -> str:
+        flags_ = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+        for word in words:
+            close = difflib.get_close_matches(word.split("=", 1)[0], flags_, n=1, cutoff=0.7) \
+                if word.startswith("-") else []
+            if close:
+                return f" (did you mean {close[0]}?)"
+        return ""
+
+    def error(self, message: str) -> Any:
+        bad = re.match(r"argument (\w+): invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if bad:  # a command: the close one, and where the list of commands is
+            choices = re.findall(r"'([^']*)'", bad.group(3))
+            close = difflib.get_close_matches(bad.group(2), choices, n=1, cutoff=0.6)
+            message = (f"no command {bad.group(2)!r}" + (f": did you mean {close[0]!r}?" if close else "")
+                       + f" (the commands: {', '.join(choices)})")
+        missing = re.match(r"the following arguments are required: (.*)", message)
+        if missing:  # intermixed parsing names optional positionals (nargs "*") too
+            optional = {a.dest for a in self._get_positional_actions() if a.nargs in ("*", "?")}
+            names = [n for n in missing.group(1).split(", ") if n not in optional]
+            commands = {a.dest for a in self._actions if isinstance(a, argparse._SubParsersAction)}
+            message = (f"give a command: {', '.join(self._commands())}" if set(names) & commands else
+                       f"the following arguments are required: {', '.join(names)}")
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n(`{self.prog} --help` says more)\n")
+
+    def _commands(self) -> list[str]:
+        return [c for a in self._actions if isinstance(a, argparse._SubParsersAction) for c in a.choices]
+
+    def format_usage(self) -> str:
+        usage = super().format_usage()
+        if usage.count("\n") <= 3:
+            return usage
+        # A command with many flags: the positionals, and the flags under --help (not forty lines before an error)
+        positionals = " ".join(a.metavar if isinstance(a.metavar, str) else a.dest if a.nargs is None
+                               else f"[{a.dest} ...]" if a.nargs == "*" else f"[{a.dest}]"
+                               for a in self._get_positional_actions())
+        return f"usage: {self.prog} [options] {positionals}\n"
+
+
 def _command(sub: Any, name: str, func: Callable[[argparse.Namespace], int], help: str,
              json_flag: bool = False) -> argparse.ArgumentParser:
     """Add command ``name`` to ``sub``, run by ``func(args)``; ``json_flag`` gives it ``--json``."""
     cmd: argparse.ArgumentParser = sub.add_parser(name, help=help)
     _verbose(cmd, "verbose_cmd")
     if json_flag:
-        cmd.add_argument("--json", action="store_true")
+        cmd.add_argument("--json", action="store_true", help="print JSON (for scripts) instead of text")
     cmd.set_defaults(func=func)
     return cmd
 
@@ -429,12 +571,18 @@ def _verbose(parser: argparse.ArgumentParser, dest: str) -> None:
                         help="log what gguf-provider does to stderr: -v info, -vv debug (docs/logging.md)")
 
 
+def _keep_alive(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--keep-alive", type=float, metavar="SECONDS",
+                        help="how long the server stays loaded after this command, for the next one (default: "
+                             "$GGUF_PROVIDER_KEEP_ALIVE or 300; 0 stops it when the command ends)")
+
+
 DEFAULT_GATEWAY_PORT = 11480  # gateway.DEFAULT_PORT (the gateway loads only when it runs)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole ``gguf-provider`` parser: every command and flag is declared here."""
-    p = argparse.ArgumentParser(prog="gguf-provider", description="Local GGUF models on a managed llama-server.")
+    p = _Parser(prog="gguf-provider", description="Local GGUF models on a managed llama-server.")
     p.add_argument("--version", action="version", version=f"gguf-provider {__version__}")
     _verbose(p, "verbose")  # before or after the command: `gguf-provider -v ps`, `gguf-provider ps -v`
     sub = p.add_subparsers(dest="command", required=True)
@@ -478,13 +626,16 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--speculative", action="store_true",
                       help="count speculative decoding's drafted logits on the output device (ChatGGUF's and GGUF's "
                            "default speculative='auto' does it; a start always counts what it runs)")
-    stop = _command(sub, "stop", cmd_stop, "stop a server by id (prefix) or all of them")
-    stop.add_argument("id", nargs="?")
-    stop.add_argument("--all", action="store_true")
-    pull = _command(sub, "pull", cmd_pull, "download a model (org/repo[:QUANT]) into the HF cache")
-    pull.add_argument("spec")
-    pull.add_argument("--quant")
-    pull.add_argument("--vision", action="store_true")
+    stop = _command(sub, "stop", cmd_stop, "stop a server `ps` lists, by its id (a prefix will do) or its model's name")
+    stop.add_argument("id", nargs="?", help="the server's id or its model's name (none: the servers are listed)")
+    stop.add_argument("--all", action="store_true", help="stop every server gguf-provider started for this user")
+    pull = _command(sub, "pull", cmd_pull, "download a model (org/repo[:QUANT]) into the HF cache, or bring it up to "
+                    "date; prints its path")
+    pull.add_argument("spec", help="a Hugging Face repo: org/repo[:QUANT]")
+    pull.add_argument("--quant", help="the quantization to pick from the repo (as :QUANT; default: Q4_K_M, else the "
+                      "first of Q4_K_S, Q5_K_M, Q8_0, else the smallest)")
+    pull.add_argument("--vision", action="store_true", help="the multimodal projector (mmproj) too")
+    pull.add_argument("--force", action="store_true", help="download again what is already in the cache")
     _command(sub, "models", cmd_models, "list local GGUF models (models dirs and HF cache)", json_flag=True)
     serve = _command(sub, "serve", cmd_serve, "run a model in the foreground (shared with other clients); with no "
                      "model, a gateway that serves every model over OpenAI, Anthropic and Ollama's APIs (its port: "
@@ -525,6 +676,7 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("text", nargs="*")
     embed.add_argument("--truncate", action="store_true",
                        help="embed the first tokens of a text longer than the model's context instead of failing")
+    _keep_alive(embed)
     flags.add_to(embed, ("server", "embedding"))  # as GGUFEmbeddings and GGUFEmbedding take them
     rerank = _command(sub, "rerank", cmd_rerank, "rank documents (arguments, or lines of stdin) by a reranker model's "
                       "relevance score to a query: rank, score, document per line, best first", json_flag=True)
@@ -533,8 +685,15 @@ def build_parser() -> argparse.ArgumentParser:
     rerank.add_argument("query")
     rerank.add_argument("document", nargs="*")
     rerank.add_argument("--top-n", type=int, help="print only the best N (default: all)")
+    _keep_alive(rerank)
     flags.add_to(rerank, ("server",))
     return p
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
+                  line: str | None = None) -> None:
+    """A warning as the CLI's own line, in its words (the library line it came from means nothing here)."""
+    print(f"gguf-provider: warning: {advice.render(str(message), 'cli')}", file=sys.stderr if file is None else file)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -542,14 +701,15 @@ def main(argv: list[str] | None = None) -> int:
     level = logs.verbosity(args.verbose + getattr(args, "verbose_group", 0) + getattr(args, "verbose_cmd", 0))
     if level is not None:  # else $GGUF_PROVIDER_LOG, applied at import, stands
         logs.enable(level)
+    warnings.showwarning = _show_warning
     try:
         rc: int = args.func(args)
         return rc
     except GGUFProviderError as exc:
-        print(f"gguf-provider: error: {exc}", file=sys.stderr)
+        print(f"gguf-provider: error: {advice.render(str(exc), 'cli')}", file=sys.stderr)
         return 1
     except ValueError as exc:  # an option's value, refused by its check (or the build's) before anything runs
-        print(f"gguf-provider: error: {exc}", file=sys.stderr)
+        print(f"gguf-provider: error: {advice.render(str(exc), 'cli')}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

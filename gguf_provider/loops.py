@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import logging
 import re
-import warnings
 from dataclasses import dataclass
 
+from ._warn import warn
 from .errors import LoopWarning
 from .events import Event, Finish, LoopStopped, ReasoningDelta, TextDelta
 
@@ -165,9 +165,9 @@ class LoopGuard:
         if loop is None:
             return None
         log.info("loop guard: stopped a reply at a loop in its %s: %s", channel, loop.describe())
-        warnings.warn(f"stopped a reply that became a loop: {loop.describe()} in its {channel}; the reply ends "
-                      f"after the first repetition (finish_reason 'repetition'). Pass loop_guard=False (per call "
-                      f"or on the model) to let it run", LoopWarning, stacklevel=2)
+        warn(f"stopped a reply that became a loop: {loop.describe()} in its {channel}; the reply ends "
+             f"after the first repetition (finish_reason 'repetition'). Pass loop_guard=False (per call "
+             f"or on the model) to let it run", LoopWarning)
         return [LoopStopped(channel, loop.keep, loop.period), Finish("repetition")]
 
 

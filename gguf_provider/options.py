@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import warnings
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import (
@@ -35,6 +34,7 @@ from typing_extensions import Self
 
 from . import chat
 from ._server_fields import _ChatServerFields, _EmbeddingServerFields, _ModelFields, _ServerFields
+from ._warn import warn
 from .engine import (
     API_KEY_ENV,
     DEFAULT_TIMEOUT,
@@ -390,8 +390,8 @@ def forward_unknown(cls: type[BaseModel], values: Any, target: str) -> Any:
     for key in unknown:
         close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        warnings.warn(f"{cls.__name__} has no option {key!r}{hint}: it is sent to llama-server in the request body "
-                      f"as {target}[{key!r}]", UnknownOptionWarning, stacklevel=2)
+        warn(f"{cls.__name__} has no option {key!r}{hint}: it is sent to llama-server in the request body "
+             f"as {target}[{key!r}]", UnknownOptionWarning)
         moved[key] = values.pop(key)
     values[target] = moved
     return values

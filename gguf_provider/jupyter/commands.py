@@ -2,8 +2,10 @@
 shared engine layer (:mod:`gguf_provider.chat`), so streaming, reasoning and errors behave as in the LangChain and
 LlamaIndex adapters. What they draw lives in :mod:`.display`.
 
-``%gguf`` load, ps, devices, list, unload, use, reset, history, config, or a one-shot prompt; ``%%gguf`` a chat turn whose
-reply streams live into the cell output. With ``--tools`` the reply may be tool calls (shown and kept in the history,
+``%gguf`` load, ps, devices, list, unload, use, reset, history, config, log, or a one-shot prompt (sent as
+typed); ``%%gguf`` a chat turn whose reply streams live into the cell output. ``%gguf --help``, ``%gguf COMMAND
+--help`` and ``%%gguf --help`` say what each takes; errors are one UsageError line in the magics' words
+(:func:`gguf_provider.advice.render`). With ``--tools`` the reply may be tool calls (shown and kept in the history,
 never run); ``--tool-result [ID]`` sends a call's result back.
 """
 
@@ -13,26 +15,34 @@ import argparse
 import base64
 import hashlib
 import json
+import keyword
 import logging
 import mimetypes
 import re
 import shlex
+import sys
 import time
+import warnings
 from collections.abc import Generator
 from dataclasses import dataclass, field, replace
+from difflib import get_close_matches
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from .. import chat, flags, logs
+from ..advice import render
 from ..engine import Engine, EngineConfig
 from ..errors import GGUFProviderError, ServerError
 from ..events import Collector, ReasoningDelta, TextDelta, Timings, ToolCallDelta, Usage
 from ..runtime import default as runtime
 from ..tools import function_tool, tool_name
 from .display import GGUFReply, ModelSummary, _LiveOutput, _Progress, _Table, call_text
+
+_PACKAGE = Path(__file__).resolve().parents[1]  # gguf_provider/: a warning from a line in it is ours
 
 # --- state ------------------------------------------------------------------------------------------------------
 
@@ -62,21 +72,117 @@ class _Model:
     history: list[_Turn] = field(default_factory=list)
 
 
+class _Shown(Exception):
+    """``--help`` printed its text: the command is done."""
+
+
 class _ArgParser(argparse.ArgumentParser):
+    """Errors as one UsageError line that points at ``--help``; ``--help`` prints and ends the command."""
+
+    def __init__(self, prog: str, description: str, hint: str = "") -> None:
+        super().__init__(prog=prog, description=description)
+        self.hint = hint  # what unrecognized words may have meant
+
     def error(self, message: str) -> Any:  # one clean line instead of SystemExit
-        raise UsageError(f"{self.prog}: {message}")
+        hint = ""
+        if message.startswith("unrecognized arguments: "):
+            first = message.split()[2]
+            if first.startswith("-"):  # a misspelled option
+                close = get_close_matches(first.split("=")[0], self._option_string_actions, n=1)
+                hint = f"; did you mean {close[0]}?" if close else ""
+            elif self.hint:  # words: perhaps a prompt
+                hint = f"; {self.hint}"
+        raise UsageError(f"{self.prog}: {message}{hint} (see {self.prog} --help)")
 
     def exit(self, status: int = 0, message: str | None = None) -> Any:
+        if status == 0:
+            raise _Shown
         raise UsageError(message or self.format_usage())
 
 
+# Each subcommand: its arguments as the overview shows them, and what it does.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "load": ("SPEC [options]", "start a model: a .gguf path, a model name in the models dir, or a Hugging Face "
+                               "org/repo[:QUANT]; it becomes the current model"),
+    "ps": ("", "the llama-servers running: model, context, memory, leases"),
+    "devices": ("[--rpc HOST:PORT,...]", "the GPUs (and RPC workers) llama-server can use, with free memory"),
+    "list": ("", "the .gguf models in the local models dir"),
+    "unload": ("[NAME ...] | --all", "stop using the current model, NAME, or every model"),
+    "use": ("NAME", "make NAME the current model, the one prompts and cells go to"),
+    "reset": ("[NAME]", "clear the chat history of the current model (or NAME)"),
+    "history": ("[NAME]", "the chat history of the current model (or NAME)"),
+    "config": ("[--system S] [--temperature T] [--max-tokens N] [--max-time SECONDS]",
+               "defaults for every prompt and cell; without options, the settings"),
+    "log": ("[LEVEL]", "show gguf-provider's log at LEVEL: debug, info, warning, error or off"),
+}
+_HELP = ("-h", "--help", "help")  # `help` only alone or with a subcommand: `help me ...` is a prompt
+
+
+def overview() -> str:
+    """What ``%gguf --help`` prints: every subcommand, the one-shot prompt and the cell."""
+    lines = ["%gguf: chat with local GGUF models (llama-server runs them).", ""]
+    lines += [f"  %gguf {cmd} {args}".rstrip() + f"\n      {what}" for cmd, (args, what) in COMMANDS.items()]
+    lines += ["  %gguf PROMPT\n      a one-shot prompt to the current model, sent as typed (no history; defaults "
+              "from %gguf config)",
+              "  %%gguf [NAME] [options]    (a cell's first line; the message is the rest of the cell)\n      a chat "
+              "turn with the current model (or NAME): the reply streams in and joins the model's history",
+              "", "Options: %gguf COMMAND --help; the cell's: %gguf help cell. Start with %gguf load SPEC, then %gguf "
+              "PROMPT or a %%gguf cell."]
+    return "\n".join(lines)
+
+
+def _at_least(kind: type[int] | type[float], low: int = 0) -> Any:
+    """An argparse type: a number of ``kind`` >= ``low``, or an error that says so."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"give {'a whole number' if kind is int else 'a number'} >= {low}, "
+                                             f"not {text!r}")
+        return value
+
+    return parse
+
+
 def _load_parser() -> _ArgParser:
-    p = _ArgParser(prog="%gguf load", add_help=False)
-    p.add_argument("spec")
-    p.add_argument("--quant")
-    p.add_argument("--as", dest="alias")
-    p.add_argument("--reasoning", choices=["on", "off", "low", "medium", "high"])
+    p = _ArgParser("%gguf load", COMMANDS["load"][1], hint="one SPEC per %gguf load")
+    p.add_argument("spec", metavar="SPEC", help="a .gguf path, a model name in the models dir, or a Hugging Face "
+                   "repo as org/repo or org/repo:QUANT")
+    p.add_argument("--quant", help="the quantization to pick from a repo (e.g. Q4_K_M)")
+    p.add_argument("--as", dest="alias", metavar="NAME", help="the name to use it by (default: the file name)")
+    p.add_argument("--reasoning", choices=["on", "off", "low", "medium", "high"],
+                   help="the model's thinking in prompts and cells (a cell's --think/--no-think/--effort win)")
     flags.add_to(p)  # every llama-server option of a chat model, as ChatGGUF and GGUF take it
+    return p
+
+
+def _command_parser(cmd: str) -> _ArgParser:
+    """``%gguf CMD``'s parser, each argument with its help."""
+    if cmd == "load":
+        return _load_parser()
+    p = _ArgParser(f"%gguf {cmd}", COMMANDS[cmd][1],
+                   hint=f"for a prompt that starts with {cmd!r}, write it in a %%gguf cell")
+    if cmd in ("use", "reset", "history"):
+        p.add_argument("name", nargs="?", metavar="NAME", help="a loaded model's name (default: the current model)"
+                       if cmd != "use" else "a loaded model's name (its --as name, or its file name)")
+    if cmd == "unload":
+        p.add_argument("names", nargs="*", metavar="NAME", help="loaded models (default: the current model)")
+        p.add_argument("--all", action="store_true", help="unload every model")
+    elif cmd == "devices":
+        p.add_argument("--rpc", default="", metavar="HOST:PORT,...", help="also ask these RPC workers "
+                       "(gguf-provider rpc-worker) for their devices")
+    elif cmd == "config":
+        p.add_argument("--system", help="the system prompt ('' for none)")
+        p.add_argument("--temperature", type=_at_least(float), help="sampling temperature (0: greedy)")
+        p.add_argument("--max-tokens", type=_at_least(int, 1), help="most tokens of a reply")
+        p.add_argument("--max-time", type=_at_least(float), metavar="SECONDS",
+                       help="most seconds of a reply (0: no limit; default: 600 without --max-tokens)")
+    elif cmd == "log":
+        p.add_argument("level", nargs="?", metavar="LEVEL", help="debug, info, warning, error or off "
+                       "(default: show the level)")
     return p
 
 
@@ -85,28 +191,36 @@ def load_config(ns: argparse.Namespace) -> EngineConfig:
     try:
         return EngineConfig(model=ns.spec, quant=ns.quant, **flags.values(ns))
     except ValueError as exc:
-        raise UsageError(f"%gguf load: {exc}") from None
+        raise UsageError(f"%gguf load: {render(str(exc), 'magic')}") from None
 
 
 def _cell_parser() -> _ArgParser:
-    p = _ArgParser(prog="%%gguf", add_help=False)
-    p.add_argument("name", nargs="?")
-    p.add_argument("-s", "--system")
-    p.add_argument("-t", "--temperature", type=float)
-    p.add_argument("-n", "--max-tokens", type=int)
-    p.add_argument("--max-time", type=float)
-    p.add_argument("--no-history", action="store_true")
-    p.add_argument("-o", "--output")
-    p.add_argument("-f", "--format", choices=["markdown", "text", "code", "json"], default="markdown")
+    p = _ArgParser("%%gguf", "A chat turn: the message is the cell below the %%gguf line; the reply streams in "
+                   "and joins the model's history. {name} in the message is the notebook variable's value.",
+                   hint="the %%gguf line takes a model name and options: write the message in the cell below")
+    p.add_argument("name", nargs="?", metavar="NAME", help="a loaded model (default: the current model)")
+    p.add_argument("-s", "--system", help="the system prompt of this turn")
+    p.add_argument("-t", "--temperature", type=_at_least(float), help="sampling temperature (0: greedy)")
+    p.add_argument("-n", "--max-tokens", type=_at_least(int, 1), help="most tokens of the reply")
+    p.add_argument("--max-time", type=_at_least(float), metavar="SECONDS",
+                   help="most seconds of the reply (0: no limit)")
+    p.add_argument("--no-history", action="store_true", help="send this turn alone and keep it out of the history")
+    p.add_argument("-o", "--output", metavar="VAR", help="also store the reply's text in notebook variable VAR")
+    p.add_argument("-f", "--format", choices=["markdown", "text", "code", "json"], default="markdown",
+                   help="markdown (default); text; code: the reply's code goes into the next cell; json: JSON mode, "
+                   "the parsed value is returned")
     think = p.add_mutually_exclusive_group()
-    think.add_argument("--think", dest="think", action="store_true", default=None)
-    think.add_argument("--effort", dest="think", choices=["low", "medium", "high"])
-    think.add_argument("--no-think", dest="think", action="store_false")
-    p.add_argument("--no-interpolate", action="store_true")
-    p.add_argument("-i", "--image", action="append", default=[])
-    p.add_argument("--tools", metavar="NAME[,NAME...]")
-    p.add_argument("--tool-choice", metavar="auto|none|required|TOOL")
-    p.add_argument("--tool-result", nargs="?", const="", metavar="ID")
+    think.add_argument("--think", dest="think", action="store_true", default=None, help="let the model think first")
+    think.add_argument("--effort", dest="think", choices=["low", "medium", "high"], help="how much to think")
+    think.add_argument("--no-think", dest="think", action="store_false", help="answer without thinking")
+    p.add_argument("--no-interpolate", action="store_true", help="send {braces} as written")
+    p.add_argument("-i", "--image", action="append", default=[], metavar="PATH_OR_URL",
+                   help="an image to send with the message (repeat for more; needs a vision model)")
+    p.add_argument("--tools", metavar="NAME[,NAME...]", help="notebook functions or OpenAI tool dicts the model may "
+                   "call (calls are shown and kept, never run)")
+    p.add_argument("--tool-choice", metavar="auto|none|required|TOOL", help="whether or which tool the model must call")
+    p.add_argument("--tool-result", nargs="?", const="", metavar="ID",
+                   help="the cell is the result of tool call ID (or of the one call waiting)")
     return p
 
 
@@ -228,6 +342,42 @@ def interpolate(text: str, namespace: dict[str, Any]) -> str:
     return _PLACEHOLDER.sub(sub, text)
 
 
+def _where(line: str) -> str:
+    """How an error of ``%gguf line`` begins: ``%gguf load``, or ``%gguf`` for a prompt."""
+    first = line.split(None, 1)[0] if line.strip() else ""
+    return f"%gguf {first}" if first in COMMANDS else "%gguf"
+
+
+_LIBRARIES = ("gguf_provider", "IPython", "ipykernel", "traitlets")
+
+
+def _user_frame() -> FrameType | None:
+    """The frame that ran the magic (a notebook cell, a script), or None: the warnings of the magic point there."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in _LIBRARIES:
+        frame = frame.f_back
+    return frame
+
+
+def _rewarn(caught: list[warnings.WarningMessage], frame: FrameType | None) -> None:
+    """Warn again what the magic warned: gguf-provider's in magic words (``--max-time``), at the user's line; others
+    as they were."""
+    for w in caught:
+        ours = w.category.__module__.partition(".")[0] == "gguf_provider" or Path(w.filename).is_relative_to(_PACKAGE)
+        text = render(str(w.message), "magic") if ours else str(w.message)
+        message = w.message
+        if text != str(message):
+            try:
+                message = w.category(text)
+            except TypeError:  # a category that wants more than a message: kept as it was
+                pass
+        if ours and frame is not None:
+            warnings.warn_explicit(message, w.category, frame.f_code.co_filename, frame.f_lineno,
+                                   module_globals=frame.f_globals)
+        else:
+            warnings.warn_explicit(message, w.category, w.filename, w.lineno, source=w.source)
+
+
 @magics_class
 class GGUFMagics(Magics):
     """One IPython session's magics and state: the loaded models, the current one, the ``config`` settings."""
@@ -253,39 +403,56 @@ class GGUFMagics(Magics):
 
     @line_cell_magic
     def gguf(self, line: str, cell: str | None = None) -> Any:
-        """%gguf load SPEC | ps | devices [--rpc HOST:PORT,...] | list | unload [NAME|--all] | use NAME | reset [NAME]
-        | history | config | log [LEVEL] | PROMPT
-        %%gguf [NAME] [-s SYSTEM] [-t TEMP] [-n MAX_TOKENS] [--no-history] [-o VAR] [-f FORMAT] [--think|--no-think]
-        [--no-interpolate] [--image PATH_OR_URL ...] [--tools NAME,... [--tool-choice CHOICE]] [--tool-result [ID]]"""
+        """%gguf load SPEC | ps | devices | list | unload [NAME|--all] | use NAME | reset [NAME] | history [NAME]
+        | config | log [LEVEL] | PROMPT
+        %%gguf [NAME] [options] with the message in the cell.
+        %gguf --help: what each does; %gguf COMMAND --help, %%gguf --help: their options."""
+        where = "%%gguf" if cell is not None else _where(line)
+        caller = _user_frame()
+        caught: list[warnings.WarningMessage] = []
         try:
-            if cell is not None:
-                return self._cell(line, cell)
-            return self._line(line)
+            with warnings.catch_warnings(record=True) as caught:
+                return self._cell(line, cell) if cell is not None else self._line(line)
+        except _Shown:
+            return None
         except ServerError as exc:
-            first = str(exc).splitlines()[0]
-            where = f" — server log: {exc.log_path}" if exc.log_path else ""
-            raise UsageError(f"%gguf: {first}{where}") from None
+            first = render(str(exc).splitlines()[0], "magic")
+            log = f" — server log: {exc.log_path}" if exc.log_path and str(exc.log_path) not in first else ""
+            raise UsageError(f"{where}: {first}{log}") from None
         except GGUFProviderError as exc:
-            raise UsageError(f"%gguf: {str(exc).splitlines()[0]}") from None
+            raise UsageError(f"{where}: {render(str(exc).splitlines()[0], 'magic')}") from None
+        finally:
+            _rewarn(caught, caller)
 
     # --- line commands --------------------------------------------------------------------------------------
 
     def _line(self, line: str) -> Any:
-        try:
-            words = shlex.split(line)
-        except ValueError as exc:
-            raise UsageError(f"%gguf: {exc}") from None
+        words = line.split()
         if not words:
             raise UsageError("%gguf: give a subcommand (load, ps, devices, list, unload, use, reset, history, config, "
-                             "log) or a prompt")
-        cmd, rest = words[0], words[1:]
-        handler = getattr(self, f"_cmd_{cmd}", None)
-        if handler is None:
-            return self._one_shot(line)
-        return handler(rest)
+                             "log) or a prompt; %gguf --help says more")
+        topic = words[1] if len(words) == 2 and words[1] in (*COMMANDS, "cell") else None
+        if words[0] in _HELP and (words[0] != "help" or len(words) == 1 or topic):
+            if topic:  # help load: load's options; help cell: the cell's (`%%gguf --help` needs a cell body)
+                (_cell_parser() if topic == "cell" else _command_parser(topic)).print_help()
+            else:
+                print(overview())
+            return None
+        if words[0] not in COMMANDS:
+            if re.fullmatch(r"--?[A-Za-z][\w-]*", words[0]):  # an option where a prompt takes none
+                raise UsageError(f"%gguf: {words[0]} is not a subcommand; the options of a prompt go on a %%gguf "
+                                 "cell's line (%%gguf --help), their defaults in %gguf config; %gguf --help lists "
+                                 "the subcommands")
+            return self._one_shot(line.strip())  # a prompt, as typed: apostrophes and all
+        cmd = words[0]
+        try:
+            args = shlex.split(line)[1:]
+        except ValueError as exc:
+            raise UsageError(f"%gguf {cmd}: {exc}: quote a value with spaces or quotes in it as a whole (\"...\"), or "
+                             "write free text in a %%gguf cell") from None
+        return getattr(self, f"_cmd_{cmd}")(_command_parser(cmd).parse_args(args))
 
-    def _cmd_load(self, args: list[str]) -> ModelSummary:
-        ns = _load_parser().parse_args(args)
+    def _cmd_load(self, ns: argparse.Namespace) -> ModelSummary:
         name = ns.alias or ns.spec.rsplit("/", 1)[-1].removesuffix(".gguf")
         config = load_config(ns)
         progress = _Progress(self._shell)
@@ -293,7 +460,7 @@ class GGUFMagics(Magics):
         try:
             info = engine.load()
         except ValueError as exc:  # a speculative type or cache type this llama-server does not list
-            raise UsageError(f"%gguf load: {exc}") from None
+            raise UsageError(f"%gguf load: {render(str(exc), 'magic')}") from None
         finally:
             progress.close()
         old = self.models.get(name)
@@ -305,7 +472,7 @@ class GGUFMagics(Magics):
         return ModelSummary(name, info.model, engine.n_ctx, info.address.describe(), engine.capabilities(),
                             engine.modalities())
 
-    def _cmd_ps(self, args: list[str]) -> _Table:
+    def _cmd_ps(self, ns: argparse.Namespace) -> _Table:
         now_running = runtime().status(live=True)
         servers = now_running.servers
         now = time.time()
@@ -317,14 +484,11 @@ class GGUFMagics(Magics):
                 for r in servers]
         return _Table(rows, "no servers running", now_running.budget.describe())
 
-    def _cmd_devices(self, args: list[str]) -> _Table:
-        p = _ArgParser(prog="%gguf devices", add_help=False)
-        p.add_argument("--rpc", default="", metavar="HOST:PORT,...")
-        ns = p.parse_args(args)
+    def _cmd_devices(self, ns: argparse.Namespace) -> _Table:
         try:
             seen = runtime().devices(ns.rpc)
         except ValueError as exc:
-            raise UsageError(f"%gguf devices: {exc}") from None
+            raise UsageError(f"%gguf devices: {render(str(exc), 'magic')}") from None
         listed, found, workers = seen.devices, seen.seen_by, seen.workers
         rows = [{"name": d.name, "kind": d.kind, "description": d.description,
                  "free / total": f"{d.free / 2**30:.1f} / {d.total / 2**30:.1f} GiB"} for d in listed]
@@ -334,61 +498,55 @@ class GGUFMagics(Magics):
             footer += f"; no RPC device listed for {','.join(workers)}: is `gguf-provider rpc-worker` running there?"
         return _Table(rows, "no devices", footer)
 
-    def _cmd_log(self, args: list[str]) -> None:
+    def _cmd_log(self, ns: argparse.Namespace) -> None:
         """``%gguf log [debug|info|warning|error|off]``: gguf-provider's log records in the cell output (stderr)."""
-        if len(args) > 1:
-            raise UsageError("%gguf log [debug|info|warning|error|off]")
-        if args:
+        if ns.level is not None:
             try:
-                logs.enable(args[0])
+                logs.enable(ns.level)
             except ValueError as exc:
-                raise UsageError(f"%gguf log: {exc}") from None
+                raise UsageError(f"%gguf log: {render(str(exc), 'magic')}") from None
         h = logs.handler()
         print(f"gguf-provider log: {logging.getLevelName(h.level).lower() if h else 'off'}")
 
-    def _cmd_list(self, args: list[str]) -> _Table:
+    def _cmd_list(self, ns: argparse.Namespace) -> _Table:
         rows = [{"name": m.name, "size": f"{m.size_bytes / 2**20:.0f} MiB", "path": m.path}
                 for m in runtime().models()]
         return _Table(rows, "no local models")
 
-    def _cmd_unload(self, args: list[str]) -> None:
-        names = list(self.models) if args == ["--all"] else (args or ([self.current] if self.current else []))
-        if not names:
-            raise UsageError("%gguf unload: no model is loaded")
+    def _cmd_unload(self, ns: argparse.Namespace) -> None:
+        if ns.all and ns.names:
+            raise UsageError(f"%gguf unload: give NAME or --all, not both (unload {' '.join(ns.names)} or every "
+                             "model?)")
+        if not self.models:
+            raise UsageError("%gguf unload: no model is loaded: nothing to unload")
+        names = list(self.models) if ns.all else list(dict.fromkeys(self._model(n, "%gguf unload").name
+                                                               for n in ns.names or [None]))
         for name in names:
-            model = self._model(name)
-            model.engine.unload()
-            del self.models[name]
+            self.models.pop(name).engine.unload()
             print(f"unloaded {name}")
         if self.current not in self.models:
             self.current = next(iter(self.models), None)
 
-    def _cmd_use(self, args: list[str]) -> None:
-        if len(args) != 1:
-            raise UsageError("%gguf use NAME")
-        self.current = self._model(args[0]).name
+    def _cmd_use(self, ns: argparse.Namespace) -> None:
+        if ns.name is None:
+            raise UsageError(f"%gguf use: give the name of a loaded model (loaded: {', '.join(self.models) or 'none'})")
+        self.current = self._model(ns.name, "%gguf use").name
         print(f"using {self.current}")
 
-    def _cmd_reset(self, args: list[str]) -> None:
-        model = self._model(args[0] if args else None)
+    def _cmd_reset(self, ns: argparse.Namespace) -> None:
+        model = self._model(ns.name, "%gguf reset")
         model.history.clear()
         print(f"history of {model.name} cleared")
 
-    def _cmd_history(self, args: list[str]) -> _Table:
-        model = self._model(args[0] if args else None)
+    def _cmd_history(self, ns: argparse.Namespace) -> _Table:
+        model = self._model(ns.name, "%gguf history")
         rows = [{"#": i + 1, "you": (f"[tool result {t.tool_call_id}] " if t.tool_call_id else "") + t.user[:80],
                  "model": "; ".join([*([t.reply[:80]] if t.reply else []),
                                      *(f"[tool call] {call_text(c)}"[:80] for c in t.tool_calls)])}
                 for i, t in enumerate(model.history)]
         return _Table(rows, f"no history for {model.name}")
 
-    def _cmd_config(self, args: list[str]) -> _Table:
-        p = _ArgParser(prog="%gguf config", add_help=False)
-        p.add_argument("--system")
-        p.add_argument("--temperature", type=float)
-        p.add_argument("--max-tokens", type=int)
-        p.add_argument("--max-time", type=float)
-        ns = p.parse_args(args)
+    def _cmd_config(self, ns: argparse.Namespace) -> _Table:
         for key in ("system", "temperature", "max_tokens", "max_time"):
             value = getattr(ns, key)
             if value is not None:
@@ -397,7 +555,7 @@ class GGUFMagics(Magics):
 
     def _one_shot(self, prompt: str) -> None:
         """The reply streams into the output as it comes (and stays in ``_gguf_last``): nothing to return."""
-        model = self._model(None)
+        model = self._model(None, "%gguf")
         messages = self._messages(model, prompt, self.settings["system"], history=False)
         self._run(model, messages, self.settings["temperature"], self.settings["max_tokens"], model.reasoning,
                   max_time=self.settings["max_time"])
@@ -408,8 +566,13 @@ class GGUFMagics(Magics):
         try:
             ns = _cell_parser().parse_args(shlex.split(line))
         except ValueError as exc:
-            raise UsageError(f"%%gguf: {exc}") from None
-        model = self._model(ns.name)
+            raise UsageError(f"%%gguf: {exc}: quote an option's value with spaces or quotes in it as a whole "
+                             "(\"...\")") from None
+        if not cell.strip():
+            raise UsageError("%%gguf: the cell is empty: write your message below the %%gguf line")
+        if ns.output is not None and (not ns.output.isidentifier() or keyword.iskeyword(ns.output)):
+            raise UsageError(f"%%gguf -o: {ns.output!r} is not a variable name: give one such as reply")
+        model = self._model(ns.name, "%%gguf")
         prompt = cell.strip() if ns.no_interpolate else interpolate(cell.strip(), self._shell.user_ns)
         if not prompt:
             raise UsageError("%%gguf: the cell is empty: write your message below the %%gguf line")
@@ -458,12 +621,17 @@ class GGUFMagics(Magics):
 
     # --- helpers --------------------------------------------------------------------------------------------
 
-    def _model(self, name: str | None) -> _Model:
+    def _model(self, name: str | None, where: str) -> _Model:
+        """The model ``name`` (default: the current one); ``where`` begins the error: ``%gguf use``."""
         name = name or self.current
         if name is None:
-            raise UsageError("%gguf: no model loaded: run %gguf load SPEC first")
+            raise UsageError(f"{where}: no model loaded: run %gguf load SPEC first")
         if name not in self.models:
-            raise UsageError(f"%gguf: no model named {name!r} is loaded (loaded: {', '.join(self.models) or 'none'})")
+            close = get_close_matches(name, list(self.models), n=1)
+            hint = (f"; did you mean {close[0]!r}?" if close else "; run %gguf load SPEC first" if not self.models
+                    else "; the message goes in the cell, below the %%gguf line" if where == "%%gguf" else "")
+            raise UsageError(f"{where}: no model named {name!r} is loaded (loaded: {', '.join(self.models) or 'none'})"
+                             f"{hint}")
         return self.models[name]
 
     def _messages(self, model: _Model, prompt: str, system: str | None, *, history: bool,

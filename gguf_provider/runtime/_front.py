@@ -280,6 +280,7 @@ class Runtime:
         devices_mod.device_limits()  # a malformed $GGUF_PROVIDER_DEVICE_LIMIT is said before anything runs
         resolved = self.resolve(model).model
         header = gguf.read_header(resolved.path)
+        gguf.require_model(header, resolved.path)
         if named:
             listed = named if any(d.kind == "cpu" for d in named) else [*named, devices_mod.host_device()]
             where = "the devices named"

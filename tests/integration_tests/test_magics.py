@@ -172,12 +172,35 @@ def test_use_history_ps_list_and_errors(ip: Any, smollm2_path: Path) -> None:
         ip.run_line_magic("gguf", "use nope")
     with pytest.raises(UsageError, match="invalid choice"):
         ip.run_cell_magic("gguf", "-f yaml", "hi")
-    with pytest.raises(UsageError, match="argument -n/--max-tokens: invalid int value"):
+    with pytest.raises(UsageError, match="argument -n/--max-tokens: give a whole number >= 1, not 'lots'"):
         ip.run_cell_magic("gguf", "-n lots", "hi")
     with pytest.raises(UsageError, match="cell is empty"):
         ip.run_cell_magic("gguf", "", "   ")
-    with pytest.raises(UsageError, match=r"%gguf: .*(not found|No model|no model)"):
+    with pytest.raises(UsageError, match=r"%gguf load: .*(not found|No model|no model)"):
         ip.run_line_magic("gguf", "load /no/such/model.gguf")
+
+
+def test_a_prompt_as_typed_help_and_a_near_name_on_a_loaded_model(ip: Any, payloads: list[dict[str, Any]],
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """An apostrophe and quotes in a one-shot prompt reach the model as typed; help and a misspelled name leave
+    the loaded model alone."""
+    m = _magics(ip)
+    saved = dict(m.settings)
+    prompt = 'What\'s the capital of France? Say "Paris".'
+    try:
+        ip.run_line_magic("gguf", "config --max-tokens 8 --temperature 0")
+        ip.run_line_magic("gguf", prompt)
+    finally:
+        m.settings.update(saved)
+    assert payloads[-1]["messages"][-1] == {"role": "user", "content": prompt}
+    assert ip.user_ns["_gguf_last"].done
+    capsys.readouterr()
+    assert ip.run_line_magic("gguf", "load --help") is None and ip.run_line_magic("gguf", "--help") is None
+    out = capsys.readouterr().out
+    assert "usage: %gguf load" in out and "--kv-cache-type" in out and "%gguf PROMPT" in out
+    with pytest.raises(UsageError, match=r"^%gguf use: no model named 'smoll' is loaded .*; did you mean 'smol'\?$"):
+        ip.run_line_magic("gguf", "use smoll")
+    assert "smol" in m.models and m.models["smol"].engine.info.alive()
 
 
 def test_server_failure_is_one_line_with_log_path(ip: Any, tmp_path: Path, smollm2_path: Path) -> None:
@@ -574,7 +597,7 @@ def test_max_time_cuts_a_paused_server(ip: Any, smollm2_path: Path, monkeypatch:
     pauser = Pauser(_magics(ip).models["paused"].engine, None, armed)
     pauser.start()
     try:
-        with pytest.warns(GenerationTimeWarning, match="max_time=2 s"):
+        with pytest.warns(GenerationTimeWarning, match="`--max-time 2` s"):  # in the magics' words
             ip.run_cell_magic("gguf", "--max-time 2 -t 0.8 -n 1400 --no-history",  # -n: test_no_history_... set 64
                               "Write a long story about a lighthouse keeper.")
         ended = time.monotonic()

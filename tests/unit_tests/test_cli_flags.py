@@ -86,8 +86,8 @@ def test_a_misspelled_flag_is_refused(capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_a_wrong_value_is_refused_by_the_options_check_before_a_start(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["serve", "m.gguf", "--cache-reuse", "-1"]) == 2
-    assert "cache_reuse=-1" in capsys.readouterr().err
+    assert "`--cache-reuse -1`: pass a chunk size" in capsys.readouterr().err  # the CLI's words (advice.py)
     assert cli.main(["embed", "m.gguf", "a", "--rpc", "nohost"]) == 2
     assert "gguf-provider: error:" in capsys.readouterr().err
-    with pytest.raises(UsageError, match="%gguf load: cache_reuse=-1"):
+    with pytest.raises(UsageError, match="%gguf load: `--cache-reuse -1`"):
         load_config(_load_parser().parse_args(["m.gguf", "--cache-reuse", "-1"]))

@@ -239,10 +239,14 @@ def test_a_draft_that_names_nothing_says_what_speculative_takes(home: Path, mode
 
 def test_pull_refuses_a_local_model_and_offline_mode(home: Path, model_file: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offline, pull takes what is cached (tests/integration_tests/test_cli_and_hf_e2e.py) and says when a model
+    is not: the Hub cannot be asked."""
     with pytest.raises(ModelNotFoundError, match=r"pull needs a Hugging Face repo .*names a local model"):
         pull(str(model_file))
-    with pytest.raises(ModelNotFoundError, match="offline=True"):
+    with pytest.raises(ModelNotFoundError, match="not in the Hugging Face cache .* offline mode is on"):
         pull(ModelRef("org/repo", offline=True))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelNotFoundError, match="HF_HUB_OFFLINE=1"):
         pull("org/repo")
+    with pytest.raises(ModelNotFoundError, match="cannot pull again"):
+        pull("org/repo", force=True)

@@ -20,7 +20,8 @@ def test_unix_socket_argv_has_marker_and_safety_flags() -> None:
                       chat_template_file="/t/tpl.jinja", embedding=True)
     argv = build_argv(spec, Path("/bin/llama-server"), CAPS, "gguf-provider-abc", 4096,
                       Address(socket="/run/x.sock"), None)
-    assert argv[argv.index("--alias") + 1] == "gguf-provider-abc"
+    aliases = [argv[i + 1] for i, a in enumerate(argv) if a == "--alias"]
+    assert aliases == ["model", "gguf-provider-abc"]  # /v1/models names the model; the marker is kept, last
     assert argv[argv.index("-c") + 1] == "4096"
     assert argv[argv.index("--host") + 1] == "/run/x.sock" and "--port" not in argv
     assert {"--jinja", "--no-webui", "--offline", "--kv-unified"} <= set(argv)

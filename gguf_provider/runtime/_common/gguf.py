@@ -293,6 +293,14 @@ class Vocabulary:
     add_eos: bool | None
 
 
+def require_model(header: GGUFHeader, path: str | os.PathLike[str]) -> None:
+    """ModelNotFoundError when ``path`` is a multimodal projector (architecture ``clip``), not a model."""
+    if header.architecture == "clip":
+        raise ModelNotFoundError(
+            f"{path} is a multimodal projector (mmproj), not a model: give its model, with vision=True (the mmproj "
+            f"beside it) or mmproj='{path}'")
+
+
 def read_vocabulary(path: str | os.PathLike[str]) -> Vocabulary:
     """The tokenizer of a GGUF file, its token texts included (read only for this: ~0.1 s for 150k tokens)."""
     header, tokens = _parse(Path(path), TOKENS_KEY)

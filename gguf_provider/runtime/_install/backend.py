@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..._warn import warn
 from ...errors import BackendWarning
 from .._common import host as _host
 from .._common.host import (
@@ -109,4 +109,4 @@ def announce_once(binary: Path, *, say: Callable[[str], None] | None = None) -> 
     log.info("%s (%s)", verdict.line, binary)
     (say or _say)(verdict.line)
     if verdict.warning:
-        warnings.warn(verdict.warning, BackendWarning, stacklevel=2)
+        warn(verdict.warning, BackendWarning)

@@ -21,13 +21,13 @@ import sys
 import tarfile
 import tempfile
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
 import filelock
 
+from ..._warn import warn
 from ...errors import BackendWarning, BinaryNotFoundError, BuildError, PrebuiltInstallError
 from .._common import host, paths, process
 from .._common.paths import exe
@@ -143,8 +143,8 @@ def install(
                    f"machine cannot build one from source: the CPU build instead")
             (notify or say)(why)
             log.warning("install: %s", why)
-            warnings.warn(f"{why}; fix the cause, then `gguf-provider server install --backend "
-                          f"{backend} --force`", BackendWarning, stacklevel=2)
+            warn(f"{why}; fix the cause, then `gguf-provider server install --backend "
+                 f"{backend} --force`", BackendWarning)
             return _install("cpu", method, force, cmake_args, progress, jobs, tag, notify, build)
 
 

@@ -85,10 +85,15 @@ def _snapshot_files(snapshot: Path) -> dict[str, int]:
     return files
 
 
-def _offline_hint(repo: str, quant: str | None) -> str:
+OFFLINE_MODE = "offline mode is on"
+
+
+def _offline_hint(repo: str, quant: str | None, why: str) -> str:
     spec = f"{repo}:{quant}" if quant else repo
-    return (f"run `gguf-provider pull {spec}` (or resolve it once) while online, or unset HF_HUB_OFFLINE / pass "
-            "offline=False")
+    if why.startswith(OFFLINE_MODE):
+        return (f"run `gguf-provider pull {spec}` (or resolve it once) while online, or unset HF_HUB_OFFLINE / pass "
+                "offline=False")
+    return f"run `gguf-provider pull {spec}` (or resolve it once) where the Hub (or $HF_ENDPOINT) can be reached"
 
 
 def _resolve_hf_cached(repo: str, *, quant: str | None, filename: str | None, revision: str | None, vision: bool,
@@ -101,7 +106,7 @@ def _resolve_hf_cached(repo: str, *, quant: str | None, filename: str | None, re
     commit = _cached_commit(storage, rev)
     if commit is None:
         raise ModelNotFoundError(
-            f"{repo} (revision {rev}) is not in the Hugging Face cache {cache} and {why}; {_offline_hint(repo, quant)}"
+            f"{repo} (revision {rev}) is not in the Hugging Face cache {cache} and {why}; {_offline_hint(repo, quant, why)}"
         )
     snapshot = storage / "snapshots" / commit
     files = _snapshot_files(snapshot)
@@ -110,15 +115,15 @@ def _resolve_hf_cached(repo: str, *, quant: str | None, filename: str | None, re
         chosen = _select(_group(files), quant=quant, filename=filename, where=where)
     except ModelNotFoundError as exc:
         if isinstance(exc, UnknownQuantError):
-            raise UnknownQuantError(f"{exc}; {_offline_hint(repo, quant)}", available=exc.available) from None
-        raise ModelNotFoundError(f"{exc}; {_offline_hint(repo, quant)}") from None
+            raise UnknownQuantError(f"{exc}; {_offline_hint(repo, quant, why)}", available=exc.available) from None
+        raise ModelNotFoundError(f"{exc}; {_offline_hint(repo, quant, why)}") from None
     except MissingShardError as exc:
-        raise MissingShardError(f"{exc} (not fully downloaded); {_offline_hint(repo, quant)}") from None
+        raise MissingShardError(f"{exc} (not fully downloaded); {_offline_hint(repo, quant, why)}") from None
     shards: list[Path] = []
     for rel in chosen.files:
         found = try_to_load_from_cache(repo, rel, cache_dir=str(cache), revision=commit)
         if not isinstance(found, str):
-            raise ModelNotFoundError(f"{rel} of {repo} is not in the cache {cache}; {_offline_hint(repo, quant)}")
+            raise ModelNotFoundError(f"{rel} of {repo} is not in the cache {cache}; {_offline_hint(repo, quant, why)}")
         shards.append(Path(found))
     mmproj: Path | None = None
     if vision:
@@ -126,11 +131,11 @@ def _resolve_hf_cached(repo: str, *, quant: str | None, filename: str | None, re
         if proj is None:
             raise ModelNotFoundError(
                 f"vision=True but no mmproj file of {repo} is in the cache {cache} ({why}); "
-                f"{_offline_hint(repo, quant)} with vision=True"
+                f"{_offline_hint(repo, quant, why)} with vision=True"
             )
         mmproj = snapshot / proj
     return ResolvedModel(shards[0], tuple(shards), mmproj, sum(s.stat().st_size for s in shards), "hf", repo,
-                         chosen.quant)
+                         chosen.quant, cached=why)
 
 
 def _is_complete_in_cache(storage: Path, commit: str, rel: str, size: int, sha256: str | None) -> bool:
@@ -236,7 +241,7 @@ def resolve_hf(spec: Spec, ref: ModelRef, *, force_download: bool = False,
     cache = _hf_cache(ref.cache_dir)
     if is_offline(ref.offline):
         return _resolve_hf_cached(repo, quant=quant, filename=filename, revision=revision, vision=vision,
-                                  cache=cache, why="offline mode is on (offline=True or HF_HUB_OFFLINE=1)")
+                                  cache=cache, why=OFFLINE_MODE + " (offline=True or HF_HUB_OFFLINE=1)")
 
     from huggingface_hub import HfApi, hf_hub_download
     from huggingface_hub.errors import HfHubHTTPError

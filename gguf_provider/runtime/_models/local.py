@@ -3,10 +3,11 @@ looked up by file stem in the models dirs (``<home>/models`` and ``$GGUF_PROVIDE
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import MissingShardError, ModelNotFoundError
+from ...errors import MissingShardError, ModelNotFoundError, UnknownQuantError
 from .._common import gguf, paths
 from .files import (
     _SHARD_RE,
@@ -125,12 +126,39 @@ def _find_by_name(name: str, quant: str | None) -> Path:
             f"(e.g. {loose[0].stem!r} or '{name}:{parse_quant(loose[0].stem) or 'QUANT'}')"
         )
     dirs = ", ".join(str(d) for d in paths.models_dirs())
+    if quant:
+        other = [e for e in entries if _strip_quant(e.stem).casefold() == key or e.stem.casefold() == key]
+        if other:  # the model is there, in other quants
+            quants = ", ".join(f"{parse_quant(e.stem) or '?'} ({e.stem})" for e in other)
+            raise UnknownQuantError(f"no {quant} quant of {name!r} in the models dirs ({dirs}); there: {quants}",
+                                    available={parse_quant(e.stem) or e.stem: e.path.stat().st_size for e in other})
     known = ", ".join(e.stem for e in entries[:20]) or "none"
-    wanted = f"{name}:{quant}" if quant else name
     raise ModelNotFoundError(
-        f"no model named {wanted!r} in the models dirs ({dirs}); models there: {known}. Give a path to a .gguf "
-        "file, or a Hugging Face repo as 'org/repo' or 'org/repo:QUANT'"
+        f"no model named {name!r} in the models dirs ({dirs}).{did_you_mean(name, entries)} Models there: "
+        f"{known}. Give a path to a .gguf file, or a Hugging Face repo as 'org/repo' or 'org/repo:QUANT'"
     )
+
+
+def did_you_mean(name: str, entries: list[_LocalEntry]) -> str:
+    """`` Did you mean 'X'?`` over every name a model on this machine answers to: models-dir file stems (with and
+    without the quant) and the Hugging Face cache's repos (``org/repo:QUANT``, and the repo's name alone)."""
+    from .hub import list_cached
+
+    names: dict[str, str] = {}  # what may be meant (casefolded) -> the spec that loads it
+    for e in entries:
+        names.setdefault(_strip_quant(e.stem).casefold(), e.stem)
+        names[e.stem.casefold()] = e.stem
+    try:
+        cached = list_cached()
+    except OSError:
+        cached = []
+    for m in cached:
+        if m.repo:
+            short = m.repo.rsplit("/", 1)[-1]
+            for said in (m.repo, short, short.removesuffix("-GGUF").removesuffix("-gguf"), m.name):
+                names.setdefault(said.casefold(), m.name)
+    close = difflib.get_close_matches(_strip_gguf(name).casefold(), list(names), n=1, cutoff=0.75)
+    return f" Did you mean {names[close[0]]!r}?" if close else ""
 
 
 def resolve_local(spec: Spec, *, vision: bool) -> ResolvedModel:

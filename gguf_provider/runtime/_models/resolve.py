@@ -56,11 +56,12 @@ def _resolve_draft(ref: ModelRef) -> ResolvedModel | None:
 
 
 def pull(ref: ModelRef | str, *, force: bool = False) -> ResolvedModel:
-    """Download a Hugging Face model into the cache (like :func:`resolve`, but always asks the Hub).
+    """Download a Hugging Face model into the cache (like :func:`resolve`, but asks the Hub for the newest
+    revision even when the model is cached).
 
-    Never falls back to the cache when the Hub cannot be reached, and refuses offline mode. Files already complete
-    in the cache are not fetched again unless ``force=True``. ``ref.progress`` gets "download" reports
-    (see :mod:`gguf_provider.runtime._common.progress`).
+    Files already complete in the cache are not fetched again unless ``force=True``. What is cached is a no-op
+    when the Hub cannot be asked (offline mode, or the Hub unreachable): the cached model, its ``cached`` saying
+    why. ``ref.progress`` gets "download" reports (see :mod:`gguf_provider.runtime._common.progress`).
     """
     if isinstance(ref, str):
         ref = ModelRef(ref)
@@ -70,11 +71,12 @@ def pull(ref: ModelRef | str, *, force: bool = False) -> ResolvedModel:
             f"pull needs a Hugging Face repo ('org/repo' or 'org/repo:QUANT'); {ref.model_path or ref.model!r} names "
             "a local model"
         )
-    if ref.offline:
-        raise ModelNotFoundError("cannot pull with offline=True: pull always asks the Hub")
-    if is_offline(None):
-        raise ModelNotFoundError("cannot pull while offline mode is on (HF_HUB_OFFLINE=1); unset it and retry")
-    return resolve_hf(spec, replace(ref, offline=False), force_download=force, allow_cache_fallback=False)
+    if force and is_offline(ref.offline):
+        raise ModelNotFoundError("cannot pull again (force) while offline mode is on (offline=True or "
+                                 "HF_HUB_OFFLINE=1): unset it and retry")
+    if is_offline(ref.offline):  # the cache only: the model if it is there, else why not and what to do
+        return resolve_hf(spec, replace(ref, offline=True))
+    return resolve_hf(spec, replace(ref, offline=False), force_download=force, allow_cache_fallback=not force)
 
 
 def _called_with_fields_of(cls: Callable[P, ModelRef]) -> Callable[[Callable[[ModelRef], T]], Callable[P, T]]:

@@ -57,6 +57,8 @@ class ResolvedModel:
     source: str  # "path" | "models-dir" | "hf"
     repo: str | None = None  # Hugging Face repo id (source "hf")
     quant: str | None = None  # quant label read from the file name, e.g. "Q4_K_M"
+    # Why it came from the Hugging Face cache without asking the Hub (offline mode, the Hub unreachable); else None
+    cached: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ then each declared option's flags (:data:`.server_options.OPTIONS`, in command-l
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from .._common.process import Address
@@ -25,11 +26,19 @@ SAFETY_FLAGS = ("--jinja", "--no-webui", "--offline")  # passed when the build h
 METRICS_FLAG = "--metrics"
 
 
+def api_name(model: Path) -> str:
+    """The name a server gives its model in ``/v1/models`` and ``/props``: the file's stem, without a shard suffix."""
+    return re.sub(r"-\d{5}-of-\d{5}$", "", model.name.removesuffix(".gguf"))
+
+
 def build_argv(spec: ServerSpec, binary: Path, caps: ServerCapabilities, alias: str, n_ctx: int,
                address: Address, api_key_file: Path | None, *, header_pooling: int | None = None,
                placement: tuple[str, ...] = (), slot_save_path: Path | None = None,
                recurrent: bool = False, threads: int | None = None) -> list[str]:
-    argv = [str(binary), "-m", str(spec.model), "--alias", alias, "-c", str(n_ctx)]
+    # Two aliases: a build whose --alias takes several names (comma-separated help) answers /v1/models with the
+    # first in sort order, the model's name (the marker sorts last); an older one keeps the last, the marker. The
+    # marker on the command line is part of the proof that the process is ours (registry.py).
+    argv = [str(binary), "-m", str(spec.model), "--alias", api_name(spec.model), "--alias", alias, "-c", str(n_ctx)]
     argv += [flag for flag in (*SAFETY_FLAGS, METRICS_FLAG) if caps.supports(flag)]
     if address.socket:
         argv += ["--host", address.socket]

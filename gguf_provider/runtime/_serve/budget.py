@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import filelock
 import psutil
 
+from ..._warn import warn
 from ...errors import InsufficientMemoryError, MemoryBudgetWarning
 from .._common import paths
 from .._common.gguf import GGUFHeader
@@ -222,7 +222,7 @@ def admit(header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_l
                 f"budget ({_mib(room)} left of {_mib(limit)}, ${LIMIT_ENV}); pass n_ctx, raise the limit or stop "
                 f"other servers for more")
         log.warning("budget: %s", said)
-        warnings.warn(said, MemoryBudgetWarning, stacklevel=4)
+        warn(said, MemoryBudgetWarning)
     # The real free memory still bounds it (the fit's margins apply).
     if not requested:
         try:

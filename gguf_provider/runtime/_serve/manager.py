@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any, Protocol
 import filelock
 import httpx
 
+from ..._warn import warn
 from ...errors import (
     DeviceOutOfMemoryError,
     GGUFProviderError,
@@ -52,7 +52,7 @@ from .._memory import rpc as rpc_mod
 from . import budget as budget_mod
 from . import diagnose, prompt_cache, registry, server_options
 from . import speculative as speculative_mod
-from .argv import build_argv
+from .argv import api_name, build_argv
 from .budget import MemoryBudget, local_share
 from .health import DEFAULT_START_TIMEOUT, HTTPHealth, Proc, props_n_ctx, read_props
 from .server_options import (
@@ -371,7 +371,7 @@ class ServerManager:
                 f"the shared llama-server for this model (pid {info.pid}, {info.address.describe()}) is running "
                 f"but does not answer ({type(exc).__name__}); it may be stopped or overloaded. Stop it with "
                 f"`gguf-provider stop {key[:12]}` and try again", info.log_tail(10), info.log_path) from exc
-        if props.get("model_alias") not in (None, info.alias) or (
+        if props.get("model_alias") not in (None, info.alias, api_name(Path(info.model))) or (
                 props.get("model_path") and os.path.realpath(props["model_path"]) != os.path.realpath(info.model)):
             return None  # the address answers, but not as our server
         info.props = props
@@ -403,6 +403,7 @@ class ServerManager:
         caps = self._installer.capabilities(binary)
         # A file that is not GGUF or is cut short fails here, typed and before anything is spawned.
         header = gguf.read_header(spec.model)
+        gguf.require_model(header, spec.model)
         draft = gguf.read_header(spec.draft_model) if spec.draft_model else None
         spec.check(caps, [h for h in (header, draft) if h is not None])  # each option's own check (server_options)
         why_not = speculative_mod.unsupported(spec.speculative, caps)
@@ -457,7 +458,7 @@ class ServerManager:
         n_ctx = placed.n_ctx if placed is not None else admitted.n_ctx
         run = self._runtime_dir()
         tag = f"{key[:16]}-{secrets.token_hex(3)}"
-        alias = f"gguf-provider-{key[:16]}"
+        alias = f"~gguf-provider-{key[:16]}"  # "~": sorts after the model's name (argv.build_argv)
         log_path = run / f"{tag}.log"
         api_key_file: Path | None = None
         if spec.port is not None or os.name == "nt":
@@ -651,7 +652,7 @@ def _after_out_of_memory(exc: DeviceOutOfMemoryError, header: GGUFHeader, spec: 
             f"{placed.n_gpu_layers} layers on the GPU at n_ctx {placed.n_ctx}; retrying once with a smaller "
             f"plan (fewer layers on the GPU, then a smaller automatic context)")
     logger.warning("%s; its log: %s", said, exc.log_path)
-    warnings.warn(said, MemoryBudgetWarning, stacklevel=4)
+    warn(said, MemoryBudgetWarning)
     return smaller
 
 

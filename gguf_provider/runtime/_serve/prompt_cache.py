@@ -27,13 +27,13 @@ import secrets
 import struct
 import threading
 import time
-import warnings
 import zlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..._warn import warn
 from ...errors import PromptCacheWarning
 from ...lazy import LazyModule
 from .._common import paths
@@ -222,7 +222,7 @@ def discard(saved_bin: Path, why: str) -> None:
 
 def _warn(message: str) -> None:
     log.warning("%s", message)
-    warnings.warn(message, PromptCacheWarning, stacklevel=3)
+    warn(message, PromptCacheWarning)
 
 
 def _size(path: Path) -> int:

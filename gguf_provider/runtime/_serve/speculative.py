@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import difflib
 import functools
-import warnings
 from pathlib import Path
 
+from ..._warn import warn
 from ...errors import DraftModelMismatchError, SpeculationWarning
 from .._common.gguf import Vocabulary, read_vocabulary
 from .._install.discovery import ServerCapabilities
@@ -118,7 +118,7 @@ def warn_once(reason: str, key: str) -> None:
     if (key, reason) in _warned:
         return
     _warned.add((key, reason))
-    warnings.warn(reason, SpeculationWarning, stacklevel=3)
+    warn(reason, SpeculationWarning)
 
 
 # --- draft vocabulary ---------------------------------------------------------------------------------------------
