@@ -24,6 +24,8 @@ FLAGS: dict[str, dict[str, str]] = {
     "temperature": {"magic": "--temperature"},
     "reasoning": {"magic": "--think/--no-think"},
     "keep_alive": {"cli": "--keep-alive"},
+    "method": {"cli": "--from"},
+    "cmake_args": {"cli": "--cmake-arg"},
     "offline": {},
     "token": {},
     "cache_dir": {},

@@ -615,10 +615,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan = _command(sub, "plan", cmd_plan, "where a model's layers, KV cache and context would go, without starting "
                     "anything (exit status 1 when it does not fit)", json_flag=True)
     plan.add_argument("spec", help="a model: path, name in the models dir, or org/repo[:QUANT]")
-    plan.add_argument("--quant")
+    plan.add_argument("--quant", help="the quantization to pick from a repo or the models dir (as :QUANT)")
     plan.add_argument("--ctx", type=int, help="the context to plan for (default: chosen as a start would)")
     plan.add_argument("--n-gpu-layers", type=int, metavar="N", help="layers on the GPUs (default: as many as fit)")
-    plan.add_argument("--kv-cache-type", default="f16", metavar="TYPE")
+    plan.add_argument("--kv-cache-type", default="f16", metavar="TYPE", help="the KV cache's type (default f16; "
+                      "q8_0 halves it)")
     plan.add_argument("--device", action="append", default=[], metavar="KIND:MEMORY",
                       help="plan for this device instead of this machine's (repeatable): cuda:8GiB, vulkan:300MiB, "
                            "metal:24GiB, cpu:64GiB for RAM (without a cpu: entry, this machine's free RAM)")
@@ -664,7 +665,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "run a llama.cpp RPC worker (rpc-server) in the foreground for another machine's llama-server")
     worker.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default: loopback only; another needs the flag below)")
-    worker.add_argument("--port", type=int, default=50052)
+    worker.add_argument("--port", type=int, default=50052, help="port to listen on (default 50052)")
     worker.add_argument("--mem", type=int, metavar="MiB", help="memory to offer (builds with rpc-server --mem)")
     worker.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: rpc-server's)")
     worker.add_argument("--cache", action="store_true", help="keep received tensors in a local file cache")
@@ -673,7 +674,7 @@ def build_parser() -> argparse.ArgumentParser:
     embed = _command(sub, "embed", cmd_embed, "embed texts (arguments, or lines of stdin): one JSON vector per line",
                      json_flag=True)
     embed.add_argument("spec", help="an embedding model: path, name in the models dir, or org/repo[:QUANT]")
-    embed.add_argument("text", nargs="*")
+    embed.add_argument("text", nargs="*", help="the texts (none: one per line of stdin)")
     embed.add_argument("--truncate", action="store_true",
                        help="embed the first tokens of a text longer than the model's context instead of failing")
     _keep_alive(embed)
@@ -682,8 +683,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "relevance score to a query: rank, score, document per line, best first", json_flag=True)
     rerank.add_argument("spec", help="a reranker model (e.g. bge-reranker-v2-m3): path, name in the models dir, or "
                         "org/repo[:QUANT]")
-    rerank.add_argument("query")
-    rerank.add_argument("document", nargs="*")
+    rerank.add_argument("query", help="what the documents are ranked against")
+    rerank.add_argument("document", nargs="*", help="the documents (none: one per line of stdin)")
     rerank.add_argument("--top-n", type=int, help="print only the best N (default: all)")
     _keep_alive(rerank)
     flags.add_to(rerank, ("server",))

@@ -406,7 +406,7 @@ class GGUFMagics(Magics):
         """%gguf load SPEC | ps | devices | list | unload [NAME|--all] | use NAME | reset [NAME] | history [NAME]
         | config | log [LEVEL] | PROMPT
         %%gguf [NAME] [options] with the message in the cell.
-        %gguf --help: what each does; %gguf COMMAND --help, %%gguf --help: their options."""
+        %gguf --help: what each does; %gguf COMMAND --help, %gguf help cell: their options."""
         where = "%%gguf" if cell is not None else _where(line)
         caller = _user_frame()
         caught: list[warnings.WarningMessage] = []
@@ -441,7 +441,7 @@ class GGUFMagics(Magics):
         if words[0] not in COMMANDS:
             if re.fullmatch(r"--?[A-Za-z][\w-]*", words[0]):  # an option where a prompt takes none
                 raise UsageError(f"%gguf: {words[0]} is not a subcommand; the options of a prompt go on a %%gguf "
-                                 "cell's line (%%gguf --help), their defaults in %gguf config; %gguf --help lists "
+                                 "cell's line (%gguf help cell), their defaults in %gguf config; %gguf --help lists "
                                  "the subcommands")
             return self._one_shot(line.strip())  # a prompt, as typed: apostrophes and all
         cmd = words[0]

@@ -133,7 +133,8 @@ def test_a_subcommand_with_an_open_quote_says_how_to_quote(ip: Any) -> None:
 
 def test_an_option_on_a_prompt_points_at_the_cell(ip: Any, sent: list[Any]) -> None:
     msg = _error(ip, "--temperature 0 What is 2+2?")
-    assert msg.startswith("%gguf: --temperature is not a subcommand") and "%%gguf" in msg and "%gguf config" in msg
+    assert msg.startswith("%gguf: --temperature is not a subcommand")
+    assert "%gguf help cell" in msg and "%gguf config" in msg
     assert sent == []
 
 

@@ -138,6 +138,21 @@ def dies_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
     return _pdeathsig(os.getpid(), sig) if sys.platform.startswith("linux") else None
 
 
+class Outliving(subprocess.Popen):  # type: ignore[type-arg]
+    """A child meant to outlive this object: a shared server and the watchdog outlive their client process, a
+    private server is stopped by its owner or dies with it. Collected while the child runs, it is left to be reaped
+    as ``Popen.__del__`` leaves it, without that method's ResourceWarning ("subprocess N is still running")."""
+
+    def __del__(self) -> None:
+        active = getattr(subprocess, "_active", None)  # Popen's own list of children to reap (None on Windows)
+        if self.returncode is None and active is not None and self.poll() is None:
+            active.append(self)
+            return
+        if self.returncode is None and active is None:
+            return
+        super().__del__()
+
+
 class _Spawner:
     """Spawns private servers from one long-lived thread.
 
@@ -183,7 +198,7 @@ def spawn(argv: list[str], log_path: Path, *, private: bool) -> subprocess.Popen
     log = open(log_path, "ab")
 
     def start() -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
+        return Outliving(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=clean_env(),
             start_new_session=True, preexec_fn=dies_with_parent() if private else None, close_fds=True,
         )

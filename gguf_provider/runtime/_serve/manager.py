@@ -696,10 +696,9 @@ def _spawn_watchdog(key: str, entry: registry.Entry, home: Path) -> None:
     It gets the entry too: it knows its server even if the registry loses the entry before its first look.
     """
     env = dict(os.environ, GGUF_PROVIDER_HOME=str(home))
-    subprocess.Popen([sys.executable, "-m", "gguf_provider.runtime._serve.watchdog", key, json.dumps(entry.to_json())],
-                     env=env,
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     start_new_session=True, close_fds=True)
+    process.Outliving([sys.executable, "-m", "gguf_provider.runtime._serve.watchdog", key,
+                       json.dumps(entry.to_json())], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                      stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
 
 
 def attach(base_url: str, api_key: str | None = None, timeout: float = 10.0, *,
