@@ -102,4 +102,4 @@ def test_cli_serve_ps_stop(smollm2_path: Path) -> None:
 
 def test_cli_stop_unknown_id_fails() -> None:
     out = subprocess.run([*CLI, "stop", "doesnotexist"], capture_output=True, text=True)
-    assert out.returncode == 1 and "nothing to stop" in out.stdout
+    assert out.returncode == 1 and "no server 'doesnotexist'" in out.stderr

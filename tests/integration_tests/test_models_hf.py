@@ -202,8 +202,10 @@ def test_unreachable_hub_falls_back_to_cache(hub: HFEndpoint, monkeypatch: pytes
     assert resolve_model(f"{MAIN}:IQ4_XS") == first
     with pytest.raises(ModelNotFoundError, match="could not be reached"):
         resolve_model(f"{MAIN}:Q8_0")
-    with pytest.raises(ModelNotFoundError):
-        pull(f"{MAIN}:IQ4_XS")  # pull never settles for the cache
+    cached = pull(f"{MAIN}:IQ4_XS")  # what is cached is a no-op, saying why the Hub was not asked
+    assert cached == first and cached.cached and "could not be reached" in cached.cached
+    with pytest.raises(ModelNotFoundError, match="could not reach"):
+        pull(f"{MAIN}:IQ4_XS", force=True)  # again, though: only from the Hub
 
 
 def test_pull_downloads_and_rejects_local(hub: HFEndpoint, files: FixtureFiles) -> None:

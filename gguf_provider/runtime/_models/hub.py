@@ -8,6 +8,7 @@ shards of a split model by the name of the first one.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import shutil
@@ -96,6 +97,13 @@ def _offline_hint(repo: str, quant: str | None, why: str) -> str:
     return f"run `gguf-provider pull {spec}` (or resolve it once) where the Hub (or $HF_ENDPOINT) can be reached"
 
 
+def _cached_like(repo: str, cache: Path) -> str:
+    """`` Did you mean 'org/repo:QUANT'?`` for a cached repo close to ``repo``, else ""."""
+    names = {m.repo.casefold(): m.name for m in list_cached(cache) if m.repo}
+    close = difflib.get_close_matches(repo.casefold(), list(names), n=1, cutoff=0.8)
+    return f" Did you mean {names[close[0]]!r} (cached)?" if close else ""
+
+
 def _resolve_hf_cached(repo: str, *, quant: str | None, filename: str | None, revision: str | None, vision: bool,
                        cache: Path, why: str) -> ResolvedModel:
     """Resolve from the Hugging Face cache only (no network)."""
@@ -106,7 +114,8 @@ def _resolve_hf_cached(repo: str, *, quant: str | None, filename: str | None, re
     commit = _cached_commit(storage, rev)
     if commit is None:
         raise ModelNotFoundError(
-            f"{repo} (revision {rev}) is not in the Hugging Face cache {cache} and {why}; {_offline_hint(repo, quant, why)}"
+            f"{repo} (revision {rev}) is not in the Hugging Face cache {cache} and {why}.{_cached_like(repo, cache)} "
+            f"To get it: {_offline_hint(repo, quant, why)}"
         )
     snapshot = storage / "snapshots" / commit
     files = _snapshot_files(snapshot)
