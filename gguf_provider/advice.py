@@ -40,6 +40,7 @@ PHRASES: dict[str, dict[str, str]] = {
         "cli": "set HF_TOKEN (or run `hf auth login`)", "magic": "set HF_TOKEN (or run `hf auth login`)"},
     "point HF_HUB_CACHE (or cache_dir=) at": {"cli": "point HF_HUB_CACHE at", "magic": "point HF_HUB_CACHE at"},
     "`.unload()`, `%gguf unload`": {"cli": "`.unload()`, `%gguf unload`", "magic": "`%gguf unload`"},
+    ", or None for ": {"cli": ", or leave it out for ", "magic": ", or leave it out for "},
 }
 
 _VALUE = r"""(?:'[^']*'|"[^"]*"|\.\.\.|-?[\w.]+)"""

@@ -190,6 +190,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_stop(args: argparse.Namespace) -> int:
     from .runtime import default
 
+    if args.all and args.id is not None:
+        print(f"gguf-provider: error: give {args.id!r} or --all, not both", file=sys.stderr)
+        return 2
     rows = default().status().servers
     if not args.all and args.id is None:
         if not rows:
@@ -531,6 +534,9 @@ class _Parser(argparse.ArgumentParser):
             close = difflib.get_close_matches(bad.group(2), choices, n=1, cutoff=0.6)
             message = (f"no command {bad.group(2)!r}" + (f": did you mean {close[0]!r}?" if close else "")
                        + f" (the commands: {', '.join(choices)})")
+        one = re.match(r"argument (--[\w-]+): expected one argument", message)
+        if one:
+            message += f" (a value that starts with '-' is written {one.group(1)}=VALUE)"
         missing = re.match(r"the following arguments are required: (.*)", message)
         if missing:  # intermixed parsing names optional positionals (nargs "*") too
             optional = {a.dest for a in self._get_positional_actions() if a.nargs in ("*", "?")}
@@ -571,8 +577,22 @@ def _verbose(parser: argparse.ArgumentParser, dest: str) -> None:
                         help="log what gguf-provider does to stderr: -v info, -vv debug (docs/logging.md)")
 
 
+def _number(low: float, high: float | None = None, kind: type = int) -> Callable[[str], Any]:
+    """An argparse type: a number of ``kind`` in ``[low, high]``, else argparse's one-line error."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {'whole ' if kind is int else ''}number") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{text} is out of range: {low:g} to {high:g}" if high is not None
+                                             else f"{text} is out of range: {low:g} or more")
+        return value
+    return parse
+
+
 def _keep_alive(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--keep-alive", type=float, metavar="SECONDS",
+    parser.add_argument("--keep-alive", type=_number(0, kind=float), metavar="SECONDS",
                         help="how long the server stays loaded after this command, for the next one (default: "
                              "$GGUF_PROVIDER_KEEP_ALIVE or 300; 0 stops it when the command ends)")
 
@@ -616,8 +636,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "anything (exit status 1 when it does not fit)", json_flag=True)
     plan.add_argument("spec", help="a model: path, name in the models dir, or org/repo[:QUANT]")
     plan.add_argument("--quant", help="the quantization to pick from a repo or the models dir (as :QUANT)")
-    plan.add_argument("--ctx", type=int, help="the context to plan for (default: chosen as a start would)")
-    plan.add_argument("--n-gpu-layers", type=int, metavar="N", help="layers on the GPUs (default: as many as fit)")
+    plan.add_argument("--ctx", type=_number(1), help="the context to plan for (default: chosen as a start would)")
+    plan.add_argument("--n-gpu-layers", type=_number(-1), metavar="N", help="layers on the GPUs (default: as many as fit)")
     plan.add_argument("--kv-cache-type", default="f16", metavar="TYPE", help="the KV cache's type (default f16; "
                       "q8_0 halves it)")
     plan.add_argument("--device", action="append", default=[], metavar="KIND:MEMORY",
@@ -650,9 +670,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a file (mode 600) holding the key clients must send (Authorization: Bearer or x-api-key)")
     serve.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
                        help="a web page origin the gateway answers (CORS; repeatable; default: none)")
-    serve.add_argument("--max-body", type=int, default=64 * 2**20, metavar="BYTES",
+    serve.add_argument("--max-body", type=_number(1), default=64 * 2**20, metavar="BYTES",
                        help="the largest request body taken (default 64 MiB)")
-    serve.add_argument("--keep-alive", type=float, metavar="SECONDS",
+    serve.add_argument("--keep-alive", type=_number(0, kind=float), metavar="SECONDS",
                        help="how long a model the gateway started stays loaded once idle (default: "
                             "$GGUF_PROVIDER_KEEP_ALIVE or 300)")
     flags.add_to(serve)  # every llama-server option of a chat model, as ChatGGUF and GGUF take it
@@ -665,9 +685,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "run a llama.cpp RPC worker (rpc-server) in the foreground for another machine's llama-server")
     worker.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default: loopback only; another needs the flag below)")
-    worker.add_argument("--port", type=int, default=50052, help="port to listen on (default 50052)")
-    worker.add_argument("--mem", type=int, metavar="MiB", help="memory to offer (builds with rpc-server --mem)")
-    worker.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: rpc-server's)")
+    worker.add_argument("--port", type=_number(1, 65535), default=50052, help="port to listen on (default 50052)")
+    worker.add_argument("--mem", type=_number(1), metavar="MiB", help="memory to offer (builds with rpc-server --mem)")
+    worker.add_argument("--threads", type=_number(1), metavar="N", help="CPU threads (default: rpc-server's)")
     worker.add_argument("--cache", action="store_true", help="keep received tensors in a local file cache")
     worker.add_argument("--i-know-rpc-is-unauthenticated", dest="unauthenticated_ok", action="store_true",
                         help="listen on a non-loopback address although anyone who reaches it can use the worker")
@@ -685,7 +705,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "org/repo[:QUANT]")
     rerank.add_argument("query", help="what the documents are ranked against")
     rerank.add_argument("document", nargs="*", help="the documents (none: one per line of stdin)")
-    rerank.add_argument("--top-n", type=int, help="print only the best N (default: all)")
+    rerank.add_argument("--top-n", type=_number(1), help="print only the best N (default: all)")
     _keep_alive(rerank)
     flags.add_to(rerank, ("server",))
     return p

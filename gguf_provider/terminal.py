@@ -14,7 +14,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import chat
+from . import advice, chat
 from .engine import Engine
 from .errors import GGUFProviderError
 from .events import Finish, ReasoningDelta, TextDelta
@@ -116,7 +116,7 @@ class Session:
             reason = "stopped"
         except GGUFProviderError as exc:
             self.messages.pop()
-            self.say(f"\nerror: {exc}")
+            self.say(f"\nerror: {advice.render(str(exc), 'cli')}")
             return
         if reason == "length":
             self.write(self.dim(" (cut: max_tokens, the context or max_time)"))

@@ -3,6 +3,7 @@ of them (the Host header, the Origin, the API key, the body size)."""
 
 from __future__ import annotations
 
+import errno
 import hmac
 import logging
 import os
@@ -157,9 +158,17 @@ def bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP named: asyncio turns Nagle off (TCP_NODELAY) only on sockets that say so, and with Nagle on each
     # streamed chunk waited for the client's delayed ACK (+40 ms to the first token, measured)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port={port}: pass a port from 0 to 65535 (0: a free one)")
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host.strip("[]"), port))
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror}"
+                         + ("; a gateway may already run there (`gguf-provider ps` lists them), or pick another "
+                            "port with port=N" if exc.errno == errno.EADDRINUSE else "")) from None
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
@@ -173,7 +182,10 @@ def url(sock: socket.socket, host: str) -> str:
 
 def read_key_file(path: str) -> str:
     """The API key in ``path`` (its first line), refusing a file others can read."""
-    st = os.stat(path)
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise ValueError(f"the API key file {path}: {exc.strerror}; write the key in it (one line, chmod 600)") from None
     if st.st_mode & 0o077:
         raise ValueError(f"{path} can be read by others (mode {oct(st.st_mode & 0o777)}): chmod 600 {path}")
     with open(path) as f:

@@ -206,3 +206,27 @@ def test_stop_with_nothing_running_says_so(models_dir: Path, capsys: pytest.Capt
     assert capsys.readouterr().out == "no servers running\n"
     assert cli.main(["stop", "zzz"]) == 1
     assert "no server 'zzz'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, code, said", [
+    (["plan", "m.gguf", "--ctx", "-5"], 2, "argument --ctx: -5 is out of range: 1 or more"),
+    (["serve", "m.gguf", "--ctx", "0"], 2, "`--ctx 0`: pass a whole number, 1 or more, or leave it out for the "
+                                           "model's own context"),
+    (["serve", "m.gguf", "--port", "99999"], 2, "`--port 99999`: pass a whole number, 0 to 65535"),
+    (["serve", "m.gguf", "--n-parallel", "0"], 2, "`--n-parallel 0`"),
+    (["serve", "--port", "99999"], 2, "`--port 99999`: pass a port from 0 to 65535"),
+    (["serve", "--api-key-file", "/nonexistent/key"], 2, "the API key file /nonexistent/key: No such file"),
+    (["rerank", "m", "q", "--top-n", "0", "d"], 2, "argument --top-n: 0 is out of range: 1 or more"),
+    (["rpc-worker", "--port", "0"], 2, "argument --port: 0 is out of range: 1 to 65535"),
+    (["stop", "--all", "abc"], 2, "give 'abc' or --all, not both"),
+    (["server", "install", "--cmake-arg", "-DX=1"], 2, "a value that starts with '-' is written --cmake-arg=VALUE"),
+    (["pull", "some-model"], 1, "'some-model' is not one: a path or a models-dir name is a local model"),
+])
+def test_wrong_input_is_one_line_in_the_clis_words(argv: list[str], code: int, said: str,
+                                                   models_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        rc = cli.main(argv)
+    except SystemExit as exit_:  # argparse's own errors
+        rc = exit_.code  # type: ignore[assignment]
+    err = capsys.readouterr().err
+    assert rc == code and said in err and "Traceback" not in err, err

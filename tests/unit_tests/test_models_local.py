@@ -241,7 +241,7 @@ def test_pull_refuses_a_local_model_and_offline_mode(home: Path, model_file: Pat
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Offline, pull takes what is cached (tests/integration_tests/test_cli_and_hf_e2e.py) and says when a model
     is not: the Hub cannot be asked."""
-    with pytest.raises(ModelNotFoundError, match=r"pull needs a Hugging Face repo .*names a local model"):
+    with pytest.raises(ModelNotFoundError, match=r"pull needs a Hugging Face repo .*is not one: a path or a models-dir name"):
         pull(str(model_file))
     with pytest.raises(ModelNotFoundError, match="not in the Hugging Face cache .* offline mode is on"):
         pull(ModelRef("org/repo", offline=True))

@@ -68,8 +68,8 @@ def pull(ref: ModelRef | str, *, force: bool = False) -> ResolvedModel:
     spec = parse(ref)
     if spec.kind != "hf":
         raise ModelNotFoundError(
-            f"pull needs a Hugging Face repo ('org/repo' or 'org/repo:QUANT'); {ref.model_path or ref.model!r} names "
-            "a local model"
+            f"pull needs a Hugging Face repo ('org/repo' or 'org/repo:QUANT'); {ref.model_path or ref.model!r} is not "
+            "one: a path or a models-dir name is a local model, which needs no pull"
         )
     if force and is_offline(ref.offline):
         raise ModelNotFoundError("cannot pull again (force) while offline mode is on (offline=True or "

@@ -246,6 +246,18 @@ def _prompt_cache(spec: ServerSpec, build: Build) -> list[str]:
 DEFAULT_CACHE_REUSE = 64  # tokens; measured in bench/NOTES.md (P18)
 
 
+def _whole(name: str, low: int, high: int | None, otherwise: str) -> Callable[[Any], int | None]:
+    """A normalizer: a whole number in ``[low, high]``, or None (``otherwise`` says what None does)."""
+    def check(value: Any) -> int | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+            bound = f"{low} to {high}" if high is not None else f"{low} or more"
+            raise ValueError(f"{name}={value!r}: pass a whole number, {bound}, or None for {otherwise}")
+        return value
+    return check
+
+
 def validate_threads(value: Any) -> int | None:
     """``threads``: a positive count, or None for the runtime's split of the cores (runtime/_common/threads.py)."""
     if value is None:
@@ -317,7 +329,8 @@ OPTIONS: tuple[ServerOption, ...] = (
     ServerOption(
         "n_ctx", int | None, None,
         "Context window in tokens; default: the model's own, fitted to free memory.",
-        flags=("-c",), place=Place.HEAD, family=False),
+        flags=("-c",), place=Place.HEAD, family=False,
+        normalize=_whole("n_ctx", 1, None, "the model's own context, fitted to free memory")),
     ServerOption(
         "mmproj", str | None, None,
         "A multimodal projector file (`.gguf`, architecture `clip`) to load with the model; implies `vision` "
@@ -332,11 +345,13 @@ OPTIONS: tuple[ServerOption, ...] = (
         "n_gpu_layers", int | None, None,
         "Layers to offload to the GPUs (`-ngl`, the output head counting as one); default: the memory plan's, as "
         "many as fit, the rest in RAM (`gguf-provider plan`, docs/gpu.md).",
-        flags=("-ngl", "--tensor-split", "--n-cpu-moe", "--device", "--fit"), argv=_n_gpu_layers),
+        flags=("-ngl", "--tensor-split", "--n-cpu-moe", "--device", "--fit"), argv=_n_gpu_layers,
+        normalize=_whole("n_gpu_layers", -1, None, "as many as fit")),
     ServerOption(
         "n_parallel", int | None, None,
         "Parallel slots (`-np`); default: llama-server's automatic choice, sharing one KV cache.",
-        flags=("-np", "--kv-unified"), argv=_n_parallel),
+        flags=("-np", "--kv-unified"), argv=_n_parallel,
+        normalize=_whole("n_parallel", 1, None, "llama-server's automatic choice")),
     ServerOption(
         "embedding", bool, False,
         "An embedding server (`--embedding`): the embedding adapters set it, it is no parameter of theirs.",
@@ -371,7 +386,8 @@ OPTIONS: tuple[ServerOption, ...] = (
         "port", int | None, None,
         "Listen on 127.0.0.1 (with a random key file) instead of a private Unix socket: on this port if it is "
         "free, else on any free one (0: any).",
-        flags=("--host", "--port", "--api-key-file"), place=Place.HEAD),
+        flags=("--host", "--port", "--api-key-file"), place=Place.HEAD,
+        normalize=_whole("port", 0, 65535, "a private Unix socket")),
     ServerOption(
         "speculative", bool | str, "auto",
         "Speculative decoding: `auto` = the build's n-gram self-speculation (no extra model; fast on replies that "
