@@ -6,6 +6,7 @@ Every adapter (LangChain, LlamaIndex, magics, CLI) consumes these events; none o
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import math
 import weakref
@@ -149,6 +150,26 @@ def _usage(u: dict[str, Any]) -> Usage:
 # --- client ----------------------------------------------------------------------------------------------------
 
 
+async def _closed_with_the_loop(client: httpx.AsyncClient) -> AsyncGenerator[None, None]:
+    """Closes ``client`` when its event loop ends: a loop closes the async generators it runs before it stops
+    (``loop.shutdown_asyncgens``, which ``asyncio.run`` calls), so the client's connections are closed, not left to
+    the garbage collector (a ResourceWarning for each socket)."""
+    try:
+        yield
+    finally:
+        await client.aclose()
+
+
+_OPEN: weakref.WeakSet[EngineClient] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Connections closed at exit, not left to the interpreter's teardown (a ResourceWarning for each socket)."""
+    for client in list(_OPEN):
+        client.close()
+
+
 class EngineClient:
     """HTTP client of one llama-server address. Connection failures surface as ``httpx.TransportError``; the
     engine layer above decides whether that means a crashed server."""
@@ -157,8 +178,11 @@ class EngineClient:
         self.address = address
         self.timeout = httpx.Timeout(timeout, connect=connect_timeout)
         self._client: httpx.Client | None = None
+        _OPEN.add(self)
         self._aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient]
         self._aclients = weakref.WeakKeyDictionary()
+        self._closers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncGenerator[None, None]]
+        self._closers = weakref.WeakKeyDictionary()
 
     # clients ------------------------------------------------------------------------------------------------
 
@@ -180,6 +204,9 @@ class EngineClient:
                                        headers=self.address.headers(), timeout=self.timeout,
                                        verify=self.address.verify)
             self._aclients[loop] = client
+            closer = _closed_with_the_loop(client)
+            self._closers[loop] = closer
+            asyncio.ensure_future(closer.asend(None))  # runs it to its yield: the loop now knows it
         return client
 
     def close(self) -> None:
@@ -187,6 +214,7 @@ class EngineClient:
             self._client.close()
             self._client = None
         self._aclients.clear()
+        self._closers.clear()
 
     # requests: each written once, async; the sync methods are generated from it (scripts/gen_sync.py) ------------
 

@@ -128,3 +128,24 @@ def test_pull_of_a_cached_model_needs_no_hub(hub: HFEndpoint) -> None:
     assert typo.returncode == 1 and f"Did you mean '{MAIN}:Q8_0' (cached)?" in typo.stderr, typo.stderr
     bare = run("plan", MAIN.split("/")[1], env=dead)  # the repo's name alone: no models-dir file has it
     assert bare.returncode == 1 and f"Did you mean '{MAIN}:Q8_0'?" in bare.stderr, bare.stderr
+
+
+def test_the_library_leaves_no_resource_warning(smollm2_path: Path, minilm_path: Path) -> None:
+    """A script's sync and async calls (`asyncio.run` twice: two event loops) under ``-X dev -W always``: the
+    servers it leaves running for others, its connections and the loops' clients raise no ResourceWarning."""
+    script = f"""
+import asyncio
+from gguf_provider import ChatGGUF, GGUFEmbeddings
+llm = ChatGGUF(model={str(smollm2_path)!r}, max_tokens=4, keep_alive=0)
+llm.invoke("hi")
+asyncio.run(llm.ainvoke("hi"))
+asyncio.run(llm.ainvoke("hello"))
+emb = GGUFEmbeddings(model={str(minilm_path)!r}, keep_alive=0)
+emb.embed_query("x")
+asyncio.run(emb.aembed_query("x"))
+print("done")
+"""
+    out = subprocess.run([sys.executable, "-X", "dev", "-W", "always", "-c", script], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0 and out.stdout == "done\n", out.stderr
+    assert not [w for w in LEAKS if w in out.stderr], out.stderr

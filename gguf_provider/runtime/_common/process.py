@@ -220,6 +220,18 @@ HealthOutcome = Literal["healthy", "exited", "timeout"]
 FAST_POLL, FAST_POLL_FOR = 0.005, 3.0
 
 
+def _accepts(address: Address) -> bool:
+    """Whether the server's Unix socket takes a connection (always True for TCP: httpcore closes those itself)."""
+    if not address.socket:
+        return True
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(address.socket)
+        except OSError:
+            return False
+    return True
+
+
 def poll_health(address: Address, *, timeout: float, exited: Callable[[], bool],
                 waiting: Callable[[float], None] | None = None) -> HealthOutcome:
     """Poll ``/health`` until it answers 200, ``exited()`` says the server is gone, or ``timeout`` seconds pass.
@@ -231,7 +243,9 @@ def poll_health(address: Address, *, timeout: float, exited: Callable[[], bool],
             if exited():
                 return "exited"
             try:
-                if client.get("/health").status_code == 200:
+                # httpcore leaves the socket of a refused Unix connect to the garbage collector (a ResourceWarning):
+                # ask only once the server accepts
+                if _accepts(address) and client.get("/health").status_code == 200:
                     return "healthy"
             except httpx.TransportError:
                 pass
