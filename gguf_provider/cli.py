@@ -592,9 +592,9 @@ def _number(low: float, high: float | None = None, kind: type = int) -> Callable
 
 
 def _keep_alive(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--keep-alive", type=_number(0, kind=float), metavar="SECONDS",
+    parser.add_argument("--keep-alive", type=_number(-1, kind=float), metavar="SECONDS",
                         help="how long the server stays loaded after this command, for the next one (default: "
-                             "$GGUF_PROVIDER_KEEP_ALIVE or 300; 0 stops it when the command ends)")
+                             "$GGUF_PROVIDER_KEEP_ALIVE or 300; 0 stops it when the command ends, -1 only `stop` does)")
 
 
 DEFAULT_GATEWAY_PORT = 11480  # gateway.DEFAULT_PORT (the gateway loads only when it runs)
@@ -672,7 +672,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a web page origin the gateway answers (CORS; repeatable; default: none)")
     serve.add_argument("--max-body", type=_number(1), default=64 * 2**20, metavar="BYTES",
                        help="the largest request body taken (default 64 MiB)")
-    serve.add_argument("--keep-alive", type=_number(0, kind=float), metavar="SECONDS",
+    serve.add_argument("--keep-alive", type=_number(-1, kind=float), metavar="SECONDS",
                        help="how long a model the gateway started stays loaded once idle (default: "
                             "$GGUF_PROVIDER_KEEP_ALIVE or 300)")
     flags.add_to(serve)  # every llama-server option of a chat model, as ChatGGUF and GGUF take it
