@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import difflib
 import json
+import os
 import re
 import signal
 import subprocess
@@ -74,10 +75,10 @@ def cmd_server_info(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
-    print(f"path:     {info['path']}\nfound by: {info['found_by']}\nversion:  {info['version']}\n"
-          f"origin:   {info['origin']}")
+    print(f"path:     {info['path']}\nfound by: {info['found_by']}\nruns as:  {' '.join(info['command'])} ARGS\n"
+          f"version:  {info['version']}\nbuilt:    {info['built']} (the file's date)\norigin:   {info['origin']}")
     print(f"backend:  {info['backend']['why']}")
-    print(f"beside:   {', '.join(info['tools']) or 'no rpc-server or tools'}")
+    print("tools:    " + (", ".join(f"{name} ({cmd})" for name, cmd in info["tools"].items()) or "none beside it"))
     print("flags:")
     for flag, ok in sorted(info["flags"].items()):
         print(f"  {'yes' if ok else 'no ':3} {flag}")
@@ -734,6 +735,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `gguf-provider ps | head`: the reader left; no traceback (Python's documented way)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

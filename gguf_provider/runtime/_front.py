@@ -233,8 +233,9 @@ class Runtime:
     def server_info(self) -> dict[str, Any] | None:
         """What ``gguf-provider server info`` says of the llama-server in use (None: none found): its path, how
         it was found, version, origin, the tools beside it, its optional flags and its backend."""
+        import datetime
+
         from ._install import backend, discovery, installed
-        from ._memory.rpc import NAMES as rpc_names
 
         found = discovery.locate()
         if found is None:
@@ -242,10 +243,11 @@ class Runtime:
         path, how = found
         caps = discovery.probe(path)
         ours = next((i for i in installed.installations() if i.server.resolve() == path.resolve()), None)
-        tools = sorted(p.name for p in path.parent.iterdir()
-                       if p.name.removesuffix(".exe") in (*rpc_names, "llama-gguf-split", "llama-quantize"))
+        tools = {name: " ".join(cmd) for name, cmd in discovery.tools(path).items()}
         verdict = backend.in_use(path)
-        return {"path": str(path), "found_by": how, "version": caps.version,
+        built = datetime.datetime.fromtimestamp(path.resolve().stat().st_mtime).date().isoformat()
+        return {"path": str(path), "found_by": how, "command": discovery.command(path), "version": caps.version,
+                "built": built,
                 "origin": ours.describe() if ours else "not installed by gguf-provider",
                 "install": ours.marker if ours else None, "tools": tools, "flags": caps.flags,
                 "backend": {"build": verdict.build, "chosen": verdict.choice.backend, "why": verdict.why,

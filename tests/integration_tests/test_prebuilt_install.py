@@ -175,7 +175,8 @@ def test_install_from_the_mirror_in_seconds_without_a_compiler_then_serve(
                                      cwd=ROOT, timeout=60, check=True).stdout)
     assert info["path"] == str(target / "llama-server") and info["origin"].startswith(f"prebuilt llama.cpp {TAG}")
     assert info["found_by"] == "installed by gguf-provider server install" and info["install"]["asset"] == ASSET
-    assert info["flags"]["--jinja"] and info["tools"] == ["ggml-rpc-server", "llama-gguf-split", "llama-quantize"]
+    assert info["flags"]["--jinja"] and info["tools"] == {name: str(target / file) for name, file in (
+        ("rpc-server", "ggml-rpc-server"), ("quantize", "llama-quantize"), ("gguf-split", "llama-gguf-split"))}
 
     from gguf_provider import ChatGGUF
     from gguf_provider.runtime._serve import manager as mgr

@@ -40,12 +40,87 @@ AUTO_INSTALL_MODES = {"1": "auto", "auto": "auto", "true": "auto", "yes": "auto"
                       "prebuilt": "prebuilt", "0": "off", "false": "off", "no": "off", "off": "off"}
 
 
+UNIFIED = "llama"  # llama.cpp's one binary (app/llama.cpp; llama.app's installer): `llama serve` is llama-server
+SERVER_NAMES = ("llama-server", UNIFIED)  # in each place, in this order
+# Where installers put llama.cpp, after PATH: llama.app's (install.sh: ~/.llama-app/llama linked from ~/.local/bin;
+# install.ps1: %LOCALAPPDATA%\Microsoft\WindowsApps), Homebrew's, winget's.
+KNOWN_LOCATIONS = (("llama.app installer", "~/.llama-app"), ("llama.app installer", "~/.local/bin"),
+                   ("llama.app installer", "%LOCALAPPDATA%/Microsoft/WindowsApps"),
+                   ("Homebrew", "/opt/homebrew/bin"), ("Homebrew", "/home/linuxbrew/.linuxbrew/bin"),
+                   ("Homebrew", "/usr/local/bin"), ("winget", "%LOCALAPPDATA%/Microsoft/WinGet/Links"))
+
+
+def is_unified(binary: str | os.PathLike[str]) -> bool:
+    """Whether ``binary`` is llama.cpp's unified ``llama`` (run as ``llama serve``) rather than ``llama-server``."""
+    return Path(binary).name.lower() in (UNIFIED, f"{UNIFIED}.exe")
+
+
+def command(binary: str | os.PathLike[str]) -> list[str]:
+    """The command line's head that runs ``binary`` as llama-server: itself, or ``llama serve``."""
+    return [str(binary), "serve"] if is_unified(binary) else [str(binary)]
+
+
+def _runs_serve(binary: Path) -> bool:
+    """Whether a ``llama`` is llama.cpp's (its command list has ``serve``), not another program of that name."""
+    try:
+        out = subprocess.run([str(binary), "help"], capture_output=True, text=True, timeout=30,
+                             stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return re.search(r"^\s+serve\s", out.stdout + out.stderr, re.M) is not None
+
+
+# What we run beside the server: the file next to it, else the unified binary's subcommand. rpc-server has none.
+TOOLS = {"rpc-server": ("ggml-rpc-server", "rpc-server"), "quantize": ("llama-quantize",),
+         "gguf-split": ("llama-gguf-split",), "fit-params": ("llama-fit-params",)}
+
+
+def tools(binary: Path) -> dict[str, list[str]]:
+    """Each tool of :data:`TOOLS` there is for ``binary``: its command line's head (``[".../llama-quantize"]`` or
+    ``[".../llama", "quantize"]``)."""
+    found: dict[str, list[str]] = {}
+    commands: set[str] = set()
+    if is_unified(binary):
+        try:
+            out = subprocess.run([str(binary), "help", "all"], capture_output=True, text=True, timeout=30,
+                                 stdin=subprocess.DEVNULL)
+            commands = set(re.findall(r"^\s{2}([a-z-]+)\s", out.stdout + out.stderr, re.M))
+        except (OSError, subprocess.SubprocessError):
+            pass
+    for tool, files in TOOLS.items():
+        beside = next((binary.parent / paths.exe(f) for f in files if _executable(binary.parent / paths.exe(f))),
+                      None)
+        if beside is not None:
+            found[tool] = [str(beside)]
+        elif tool in commands:
+            found[tool] = [str(binary), tool]
+    return found
+
+
+def _executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def _in(folder: Path) -> Path | None:
+    """The server binary in ``folder``: ``llama-server``, else a ``llama`` that is llama.cpp's."""
+    for name in SERVER_NAMES:
+        cand = folder / paths.exe(name)
+        if _executable(cand) and (name != UNIFIED or _runs_serve(cand)):
+            return cand
+    return None
+
+
+def _how(binary: Path, where: str) -> str:
+    return f"{where} (the unified binary, run as `{UNIFIED} serve`)" if is_unified(binary) else where
+
+
 def locate(explicit: str | os.PathLike[str] | None = None) -> tuple[Path, str] | None:
     """``(binary, how it was found)`` by the documented discovery order, or None when nothing is there.
 
-    explicit ``llama_server=`` → ``$GGUF_PROVIDER_LLAMA_SERVER`` → ``$LLAMA_SERVER_PATH`` → ``llama-server`` on
-    PATH → our installed build → common build dirs. An explicit choice that is not an executable raises
-    BinaryNotFoundError (no fall-through).
+    explicit ``llama_server=`` → ``$GGUF_PROVIDER_LLAMA_SERVER`` → ``$LLAMA_SERVER_PATH`` (each a ``llama-server``
+    or a unified ``llama``, or a folder holding one) → ``llama-server``, then ``llama``, on PATH → installers'
+    locations (:data:`KNOWN_LOCATIONS`) → our installed build → common build dirs; in each folder ``llama-server``
+    before ``llama``. An explicit choice that is not an executable raises BinaryNotFoundError (no fall-through).
     """
     for origin, value in (("llama_server=", explicit),
                           ("$GGUF_PROVIDER_LLAMA_SERVER", os.environ.get("GGUF_PROVIDER_LLAMA_SERVER")),
@@ -53,20 +128,29 @@ def locate(explicit: str | os.PathLike[str] | None = None) -> tuple[Path, str] |
         if value:
             path = Path(value).expanduser()
             if path.is_dir():
-                path = path / paths.exe("llama-server")
-            if not (path.is_file() and os.access(path, os.X_OK)):
-                raise BinaryNotFoundError(f"{origin} points to {path}, which is not an executable llama-server")
-            return path, origin
-    on_path = shutil.which("llama-server")
-    if on_path:
-        return Path(on_path), "PATH"
+                path = _in(path) or path / paths.exe("llama-server")
+            if not _executable(path):
+                raise BinaryNotFoundError(f"{origin} points to {path}, which is not an executable llama-server or "
+                                          f"{UNIFIED}")
+            return path, _how(path, origin)
+    for name in SERVER_NAMES:
+        on_path = shutil.which(name)
+        if on_path and (name != UNIFIED or _runs_serve(Path(on_path))):
+            return Path(on_path), _how(Path(on_path), "PATH")
+    for where, folder in KNOWN_LOCATIONS:
+        expanded = os.path.expandvars(folder)
+        if "%" in expanded or "$" in expanded:  # a Windows folder elsewhere, or the variable is unset
+            continue
+        found = _in(Path(expanded).expanduser())
+        if found is not None:
+            return found, _how(found, f"{where} ({folder})")
     inst = installed.any_installed()
     if inst is not None:
         return inst.server, "installed by gguf-provider server install"
     for d in COMMON_BUILD_DIRS:
-        cand = Path(d).expanduser() / paths.exe("llama-server")
-        if cand.is_file() and os.access(cand, os.X_OK):
-            return cand, f"common build dir {d}"
+        found = _in(Path(d).expanduser())
+        if found is not None:
+            return found, _how(found, f"common build dir {d}")
     return None
 
 
@@ -141,8 +225,8 @@ def probe(binary: Path) -> ServerCapabilities:
 def probe_uncached(binary: Path) -> ServerCapabilities:
     """Run ``--version`` and ``--help`` (the install's smoke run uses this on a staged binary)."""
     try:
-        ver = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30)
-        hlp = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=30)
+        ver = subprocess.run([*command(binary), "--version"], capture_output=True, text=True, timeout=30)
+        hlp = subprocess.run([*command(binary), "--help"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError) as exc:
         raise GGUFProviderError(f"{binary} could not be run ({exc}); is it built for this machine?") from exc
     if hlp.returncode != 0:

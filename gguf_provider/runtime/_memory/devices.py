@@ -34,6 +34,7 @@ from pathlib import Path
 import psutil
 
 from .._common import process
+from .._install import discovery
 from . import fit
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,7 @@ def _listed(binary: Path, rpc: tuple[str, ...], timeout: float) -> list[Device] 
     with _cache_lock:
         if key in _cache:
             return _cache[key]
-    argv = [str(binary), *(["--rpc", ",".join(rpc)] if rpc else []), "--list-devices"]
+    argv = [*discovery.command(binary), *(["--rpc", ",".join(rpc)] if rpc else []), "--list-devices"]
     found: list[Device] | None = None
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env,

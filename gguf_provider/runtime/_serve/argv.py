@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from .._common.process import Address
-from .._install.discovery import ServerCapabilities
+from .._install.discovery import ServerCapabilities, command
 from .server_options import (
     EMBED_UBATCH_MAX,
     IN_ARGV_ORDER,
@@ -38,7 +38,8 @@ def build_argv(spec: ServerSpec, binary: Path, caps: ServerCapabilities, alias: 
     # Two aliases: a build whose --alias takes several names (comma-separated help) answers /v1/models with the
     # first in sort order, the model's name (the marker sorts last); an older one keeps the last, the marker. The
     # marker on the command line is part of the proof that the process is ours (registry.py).
-    argv = [str(binary), "-m", str(spec.model), "--alias", api_name(spec.model), "--alias", alias, "-c", str(n_ctx)]
+    argv = [*command(binary), "-m", str(spec.model), "--alias", api_name(spec.model), "--alias", alias, "-c",
+            str(n_ctx)]
     argv += [flag for flag in (*SAFETY_FLAGS, METRICS_FLAG) if caps.supports(flag)]
     if address.socket:
         argv += ["--host", address.socket]
