@@ -20,8 +20,9 @@ $(VENV)/.stamp-test: pyproject.toml | $(VPY)
 	$(VPY) -m pip install -q -e ".[all,test]"
 	touch $@
 
+# A llama.cpp already on the machine (llama-server or the unified llama, docs/install.md) is used as it is.
 setup-demo: $(VENV)/.stamp-demo
-	$(CLI) server install
+	@$(CLI) server path 2>/dev/null || $(CLI) server install
 	$(VPY) scripts/test_models.py smollm2
 
 setup-test: $(VENV)/.stamp-test

@@ -519,7 +519,7 @@ def test_auto_falls_back_to_the_source_build_with_one_line(home: Path, monkeypat
 def test_auto_uses_an_existing_install_and_tries_nothing(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = _fake_install(install.install_dir("cpu"), {"backend": "cpu", "version": "x"})
     for tool in install.TOOL_TARGETS:
-        _script(target / tool, "exit 0\n")
+        _script(target / install.TARGET_FILES.get(tool, tool), "exit 0\n")
     monkeypatch.setattr(install, "install_prebuilt", lambda *a, **k: pytest.fail("no download for an existing one"))
     calls: list[dict[str, Any]] = []
     inst = install.install("cpu", build_source=_recorder(calls, home))
@@ -531,15 +531,18 @@ def test_a_source_install_without_rpc_server_gets_it_incrementally(home: Path,
     """Issue 15: an install from before GGML_RPC=ON gets rpc-server on the next `server install`, built in the same
     build dir (force=False keeps it: only what the new option changes is compiled)."""
     target = _fake_install(install.install_dir("cpu"), {"backend": "cpu", "version": "x"})
-    for tool in ("llama-gguf-split", "llama-quantize"):
+    for tool in ("llama-gguf-split", "llama-quantize", "llama"):
         _script(target / tool, "exit 0\n")
     assert install.missing_tools(install.installed("cpu")) == ["ggml-rpc-server"]  # type: ignore[arg-type]
+    (target / "llama").unlink()  # and one from before the unified binary was built: both, in one build
+    assert install.missing_tools(install.installed("cpu")) == ["ggml-rpc-server", "llama-app"]  # type: ignore[arg-type]
     monkeypatch.setattr(install, "install_prebuilt", lambda *a, **k: pytest.fail("not for an existing install"))
     lines: list[str] = []
     calls: list[dict[str, Any]] = []
     install.install("cpu", notify=lines.append, build_source=_recorder(calls, home))
     assert [(c["force"], c["cmake_args"]) for c in calls] == [(False, None)]
-    assert lines == [f"adding ggml-rpc-server to {target} (an incremental build in the existing build dir)"]
+    assert lines == [f"adding ggml-rpc-server, llama-app to {target} (an incremental build in the existing build "
+                     "dir)"]
     assert "-DGGML_RPC=ON" in install.configure_args(Path("/src"), Path("/build"), "cpu")
 
 
@@ -564,7 +567,7 @@ def test_a_source_install_built_with_amx_is_rebuilt_without_it(home: Path, monke
     old = [a for a in today if "amx" not in a]
     target = _fake_install(install.install_dir("cpu"), {"backend": "cpu", "version": "x", "cmake_args": old})
     for tool in install.TOOL_TARGETS:
-        _script(target / tool, "exit 0\n")
+        _script(target / install.TARGET_FILES.get(tool, tool), "exit 0\n")
     inst = install.installed("cpu")
     assert inst is not None and install.outdated(inst) == (
         f"rebuilding {target} with -DCMAKE_C_FLAGS={install.NO_AMX_FLAGS} -DCMAKE_CXX_FLAGS={install.NO_AMX_FLAGS}")

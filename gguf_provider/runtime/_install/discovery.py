@@ -133,10 +133,13 @@ def locate(explicit: str | os.PathLike[str] | None = None) -> tuple[Path, str] |
                 raise BinaryNotFoundError(f"{origin} points to {path}, which is not an executable llama-server or "
                                           f"{UNIFIED}")
             return path, _how(path, origin)
-    for name in SERVER_NAMES:
-        on_path = shutil.which(name)
-        if on_path and (name != UNIFIED or _runs_serve(Path(on_path))):
-            return Path(on_path), _how(Path(on_path), "PATH")
+    on_path = shutil.which("llama-server")
+    if on_path:
+        return Path(on_path), "PATH"
+    for folder in os.environ.get("PATH", "").split(os.pathsep):  # the first `llama` that is llama.cpp's
+        cand = Path(folder or ".") / paths.exe(UNIFIED)
+        if folder and _executable(cand) and _runs_serve(cand):
+            return cand, _how(cand, "PATH")
     for where, folder in KNOWN_LOCATIONS:
         expanded = os.path.expandvars(folder)
         if "%" in expanded or "$" in expanded:  # a Windows folder elsewhere, or the variable is unset

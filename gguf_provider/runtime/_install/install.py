@@ -51,7 +51,10 @@ from .installed import (
 
 SDIST_TREE = "vendor/llama.cpp"  # the llama.cpp tree inside the sdist (SDIST_NAME, pinned in installed.py)
 RPC_TARGET = "ggml-rpc-server"  # llama.cpp's RPC worker (GGML_RPC=ON); older trees and archives call it rpc-server
-TOOL_TARGETS = (RPC_TARGET, "llama-gguf-split", "llama-quantize")
+TOOL_TARGETS = (RPC_TARGET, "llama-gguf-split", "llama-quantize", "llama-app")
+# A target's file where it is not the target's name: llama-app is the unified `llama` (`llama serve`, `llama
+# fit-params`, ...), built so that what a user of llama.cpp's own installer runs is tested here too.
+TARGET_FILES = {"llama-app": "llama"}
 METHODS = ("auto", "prebuilt", "source")
 log = logging.getLogger(__name__)
 
@@ -215,7 +218,8 @@ def build_from_source(
     progress: Progress | None = None,
     jobs: int | None = None,
 ) -> Installation:
-    """Build and install llama-server (plus llama-gguf-split and llama-quantize) for ``backend`` from SOURCE_PIN.
+    """Build and install llama-server (plus rpc-server, llama-gguf-split, llama-quantize and the unified
+    ``llama``) for ``backend`` from SOURCE_PIN.
 
     A second call finds the marker and returns at once unless ``force``. ``progress`` gets "build" reports (see
     :mod:`.progress`). Raises :class:`BuildError` naming the log
@@ -241,10 +245,11 @@ def build_from_source(
     target = install_dir(backend)
     target.mkdir(parents=True, exist_ok=True)
     for name in targets:
-        found = _find_binary(build, exe(name))
+        file = exe(TARGET_FILES.get(name, name))
+        found = _find_binary(build, file)
         if found is None:
-            raise BuildError(f"the build finished but {exe(name)} was not produced; see the log: {log_path}", log_path)
-        shutil.copy2(found, target / exe(name))
+            raise BuildError(f"the build finished but {file} was not produced; see the log: {log_path}", log_path)
+        shutil.copy2(found, target / file)
     version = smoke_test(target / exe(SERVER_TARGET), log_path)
     smoke_start(target / exe(SERVER_TARGET), paths.logs_dir() / f"smoke-{SOURCE_PIN}-{backend}.log")
     marker = {"origin": "source", "backend": backend, "source": SOURCE_PIN, "sha256": SDIST_SHA256,
@@ -269,7 +274,7 @@ def outdated(inst: Installation) -> str | None:
 
 def missing_tools(inst: Installation) -> list[str]:
     """The tools a source build makes that ``inst`` lacks (an install from before rpc-server was built)."""
-    return [t for t in TOOL_TARGETS if not (inst.bin_dir / exe(t)).is_file()]
+    return [t for t in TOOL_TARGETS if not (inst.bin_dir / exe(TARGET_FILES.get(t, t))).is_file()]
 
 
 # ggml's AMX matrix kernels (built by GGML_NATIVE on Sapphire Rapids and later Xeons) segfault in
