@@ -344,6 +344,7 @@ class Engine:
         (:class:`ContextOverflowError`).
         """
         await self.aload()
+        self.info.check_request(payload)  # what this build cannot do: refused before anything is sent
         payload = await media.aprepare(payload, self.modalities(), model=self._where(), policy=self.media_policy())
         payload = await self.arestore_prompt(payload)
         n_ctx = self.n_ctx
@@ -490,6 +491,7 @@ class Engine:
         (:class:`ContextOverflowError`).
         """
         self.load()
+        self.info.check_request(payload)  # what this build cannot do: refused before anything is sent
         payload = media.prepare(payload, self.modalities(), model=self._where(), policy=self.media_policy())
         payload = self.restore_prompt(payload)
         n_ctx = self.n_ctx

@@ -50,7 +50,7 @@ from .._memory import fit as fit_mod
 from .._memory import plan as plan_mod
 from .._memory import rpc as rpc_mod
 from . import budget as budget_mod
-from . import diagnose, prompt_cache, registry, server_options
+from . import diagnose, features, prompt_cache, registry, server_options
 from . import speculative as speculative_mod
 from .argv import api_name, build_argv
 from .budget import MemoryBudget, local_share
@@ -80,12 +80,17 @@ class ServerInfo:
     props: dict[str, Any] = field(default_factory=dict)
     asked_ctx: int | None = None  # set when a server with a larger context was shared for a smaller ``n_ctx``
     prompt_cache: str = ""  # its prompt cache's directory (runtime/_serve/prompt_cache.py); "": none
+    flags: dict[str, bool] = field(default_factory=dict)  # its binary's probed flags (features.py); {}: unknown
 
     def alive(self) -> bool:
         return process.process_matches(self.pid, self.create_time, self.alias)
 
     def log_tail(self, lines: int = process.LOG_TAIL_LINES) -> str:
         return process.log_tail(self.log_path, lines)
+
+    def check_request(self, payload: dict[str, Any]) -> None:
+        """ValueError when ``payload`` asks for what this server's build lacks (features.py)."""
+        features.request_needs(payload, self.flags, self.model)
 
 
 class Lease:
@@ -376,6 +381,8 @@ class ServerManager:
             return None  # the address answers, but not as our server
         info.props = props
         info.n_ctx = props_n_ctx(props) or info.n_ctx
+        if entry.binary and Path(entry.binary).is_file():
+            info.flags = self._installer.capabilities(Path(entry.binary)).flags
         if not self._add_lease(key, entry):
             return None  # stopped meanwhile (evicted to make room): start afresh
         logger.info("attached to the running server pid %d for %s (n_ctx %d, %s); its log: %s", info.pid,
@@ -406,6 +413,8 @@ class ServerManager:
         gguf.require_model(header, spec.model)
         draft = gguf.read_header(spec.draft_model) if spec.draft_model else None
         spec.check(caps, [h for h in (header, draft) if h is not None])  # each option's own check (server_options)
+        features.check(spec, caps)  # what the user set that this build cannot do: refused, naming the flag
+        features.say_dropped(caps, binary)  # the optimisations it lacks: left out, in one line
         why_not = speculative_mod.unsupported(spec.speculative, caps)
         if why_not:
             speculative_mod.warn_once(
@@ -538,7 +547,7 @@ class ServerManager:
             if key in data and data[key].same_server(entry):
                 data[key] = replace(data[key], n_ctx=n_eff, rss=self._budget.rss(proc.pid))
         info = _info(key, entry)
-        info.props, info.n_ctx = props, n_eff
+        info.props, info.n_ctx, info.flags = props, n_eff, caps.flags
         return info
 
     def _threads(self, spec: ServerSpec, placed: plan_mod.Plan | None) -> tuple[int | None, int]:
