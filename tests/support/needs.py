@@ -23,7 +23,7 @@ def missing() -> list[str]:
     """What of the integration tests' machine state is absent: a llama-server, and which test models."""
     from gguf_provider.runtime._common import paths
     from gguf_provider.runtime._install import discovery
-    from scripts import convert_minilm, make_projector, make_reranker
+    from scripts import convert_minilm, make_projector, make_reranker, old_llama_server
     from scripts.model_files import is_verified
     from scripts.test_models import BENCH_ONLY, MODELS
 
@@ -35,6 +35,8 @@ def missing() -> list[str]:
             continue
         if not is_verified(paths.models_dir() / model.filename, model.sha256):
             absent.append(f"test model {model.key} ({model.filename})")
+    if not old_llama_server.target().is_file():
+        absent.append(f"the old llama-server of llama-cpp-python {old_llama_server.VERSION}")
     for name in (convert_minilm.FILENAME, make_projector.FILENAME, make_reranker.FILENAME):
         if not (paths.models_dir() / name).is_file():
             absent.append(f"test model {name}")

@@ -30,6 +30,9 @@ OPTIONAL_FLAGS = (
     "--model", "--ctx-size", "--host", "--port", "--parallel", "--n-gpu-layers", "--tensor-split", "--n-cpu-moe",
     "--device", "--threads", "--threads-batch", "--batch-size", "--ubatch-size", "--chat-template",
 )
+# What --help says in words rather than as a flag: ``--host`` taking a Unix socket path (builds before 2025 bind
+# TCP only: those servers listen on loopback with a key file instead).
+UNIX_SOCKET = "unix-socket"
 # Flags whose allowed values we read from --help: `--spec-type a,b,c`, `allowed values: a, b` below the flag,
 # `[a|b|c]` or `{a,b,c}` after it.
 CHOICE_FLAGS = ("--spec-type", "--cache-type-k", "--cache-type-v", "--flash-attn")
@@ -214,7 +217,7 @@ def probe(binary: Path) -> ServerCapabilities:
     cached = cache / f"{key}.json"
     try:
         data = json.loads(cached.read_text())
-        if not set(OPTIONAL_FLAGS) <= set(data["flags"]):
+        if not {*OPTIONAL_FLAGS, UNIX_SOCKET} <= set(data["flags"]):
             raise KeyError("a flag probed since")  # written before a flag joined OPTIONAL_FLAGS: probe again
         return ServerCapabilities(path=str(binary), version=data["version"], flags=data["flags"],
                                   choices=data["choices"])
@@ -239,11 +242,15 @@ def probe_uncached(binary: Path) -> ServerCapabilities:
         raise GGUFProviderError(
             f"{binary} --help failed with exit code {hlp.returncode}: {(hlp.stderr or hlp.stdout)[-300:]}"
         )
-    version = parse_version(ver.stdout + ver.stderr)
-    help_text = hlp.stdout + hlp.stderr
+    return from_help(str(binary), ver.stdout + ver.stderr, hlp.stdout + hlp.stderr)
+
+
+def from_help(path: str, version_text: str, help_text: str) -> ServerCapabilities:
+    """What a build can do, read from its ``--version`` and ``--help`` output."""
     flags = {f: re.search(rf"(^|[\s,]){re.escape(f)}([\s,=]|$)", help_text, re.M) is not None for f in OPTIONAL_FLAGS}
+    flags[UNIX_SOCKET] = re.search(r"^--host\b.*unix socket", help_text, re.M | re.I) is not None
     choices = {f: found for f in CHOICE_FLAGS if (found := help_choices(help_text, f))}
-    return ServerCapabilities(path=str(binary), version=version, flags=flags, choices=choices)
+    return ServerCapabilities(path=path, version=parse_version(version_text), flags=flags, choices=choices)
 
 
 def help_choices(help_text: str, flag: str) -> list[str]:

@@ -24,6 +24,8 @@ SAFETY_FLAGS = ("--jinja", "--no-webui", "--offline")  # passed when the build h
 # `/metrics` for `ps` (runtime/_serve/metrics.py), passed when the build has it. Like the flags above it is no part of a
 # server's identity: a server started without it is still attached and shared; `ps` shows "–" for its live numbers.
 METRICS_FLAG = "--metrics"
+# `/slots`, which `ps` and the prompt cache read: on by default in newer builds, off (501) unless asked in older ones
+SLOTS_FLAG = "--slots"
 
 
 def api_name(model: Path) -> str:
@@ -40,7 +42,7 @@ def build_argv(spec: ServerSpec, binary: Path, caps: ServerCapabilities, alias: 
     # marker on the command line is part of the proof that the process is ours (registry.py).
     argv = [*command(binary), "-m", str(spec.model), "--alias", api_name(spec.model), "--alias", alias, "-c",
             str(n_ctx)]
-    argv += [flag for flag in (*SAFETY_FLAGS, METRICS_FLAG) if caps.supports(flag)]
+    argv += [flag for flag in (*SAFETY_FLAGS, METRICS_FLAG, SLOTS_FLAG) if caps.supports(flag)]
     if address.socket:
         argv += ["--host", address.socket]
     else:

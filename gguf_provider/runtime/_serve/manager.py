@@ -470,7 +470,8 @@ class ServerManager:
         alias = f"~gguf-provider-{key[:16]}"  # "~": sorts after the model's name (argv.build_argv)
         log_path = run / f"{tag}.log"
         api_key_file: Path | None = None
-        if spec.port is not None or os.name == "nt":
+        # TCP on loopback with a key file: asked for, on Windows, or a build that binds no Unix socket
+        if spec.port is not None or os.name == "nt" or not caps.flags.get(discovery.UNIX_SOCKET, True):
             port = spec.port if spec.port and self._ports.is_free(spec.port) else self._ports.free()
             api_key = secrets.token_urlsafe(32)
             api_key_file = run / f"{tag}.key"
