@@ -53,7 +53,7 @@ def cmd_server_install(args: argparse.Namespace) -> int:
     try:
         # A named backend is the one used from now on, though the machine would pick another; none: the machine's.
         inst = default().install(args.backend or "auto", method=args.method, force=args.force,
-                                 cmake_args=args.cmake_arg, progress=progress)
+                                 cmake_args=args.cmake_arg, progress=progress, tag=args.tag)
     finally:
         if bar is not None:
             bar.close()
@@ -62,6 +62,33 @@ def cmd_server_install(args: argparse.Namespace) -> int:
     print(f"llama-server {what}: {inst.server} ({inst.version}, backend {inst.backend}, {inst.describe()}, "
           f"{took:.1f} s)")
     print(default().backend(inst.server).line)  # which backend and why
+    return 0
+
+
+def cmd_server_update(args: argparse.Namespace) -> int:
+    from .runtime import default
+
+    inst = default().update(args.backend or "auto")
+    what = "installed" if inst.fresh else "already installed"
+    print(f"llama.cpp {inst.marker.get('tag')} {what} and in use from now on: {inst.server} ({inst.version}); "
+          "`gguf-provider server install` goes back to the pinned build")
+    return 0
+
+
+def cmd_server_list(args: argparse.Namespace) -> int:
+    from .runtime import default
+
+    found = default().installs()
+    if args.json:
+        print(json.dumps([{"path": str(i.server), "backend": i.backend, "version": i.version, "origin": i.describe(),
+                           "tag": i.marker.get("tag"), "in_use": used} for i, used in found], indent=2))
+        return 0
+    if not found:
+        print("nothing installed by gguf-provider (`gguf-provider server install`)")
+    for inst, used in found:
+        print(f"{'*' if used else ' '} {inst.backend:6}  {inst.describe():48}  {inst.server}")
+    if found:
+        print("* in use (when no llama-server is named or on PATH: `gguf-provider server info` says which runs)")
     return 0
 
 
@@ -608,7 +635,7 @@ def build_parser() -> argparse.ArgumentParser:
     _verbose(p, "verbose")  # before or after the command: `gguf-provider -v ps`, `gguf-provider ps -v`
     sub = p.add_subparsers(dest="command", required=True)
 
-    server = sub.add_parser("server", help="the llama-server binary: install, info, path, version")
+    server = sub.add_parser("server", help="the llama-server binary: install, update, list, info, path, version")
     _verbose(server, "verbose_group")  # `gguf-provider server -v info`, as on every command
     ssub = server.add_subparsers(dest="server_command", required=True)
     inst = _command(ssub, "install", cmd_server_install,
@@ -618,9 +645,18 @@ def build_parser() -> argparse.ArgumentParser:
                            "machine, which a later `server install` without --backend also goes back to)")
     inst.add_argument("--from", dest="method", default="auto", choices=["auto", "prebuilt", "source"],
                       help="auto (default): an existing install, else the release archive, else the source build")
+    inst.add_argument("--tag", metavar="bNNNN|latest|pin",
+                      help="the llama.cpp release to install and use from now on (default: pin, the one gguf-provider "
+                           "is tested with; installs of other releases stay beside it)")
     inst.add_argument("--force", action="store_true", help="reinstall even if already installed")
     inst.add_argument("--cmake-arg", action="append", default=[], metavar="ARG",
                       help="an extra cmake configure argument (repeatable; implies the source build)")
+    upd = _command(ssub, "update", cmd_server_update, "install the newest llama.cpp release whose archive passes "
+                   "the smoke run, and use it from now on (`server install` goes back to the pinned one)")
+    upd.add_argument("--backend", choices=["auto", "cpu", "cuda", "vulkan", "metal"],
+                     help="the backend (default: the one that fits this machine)")
+    _command(ssub, "list", cmd_server_list, "every llama-server gguf-provider installed, the one in use marked",
+             json_flag=True)
     _command(ssub, "info", cmd_server_info,
              "the llama-server discovery finds: path, version, where it came from, the flags it supports",
              json_flag=True)

@@ -220,15 +220,44 @@ class Runtime:
 
     def install(self, backend: str = "auto", *, method: str = "auto", force: bool = False,
                 cmake_args: list[str] | None = None, progress: Progress | None = None,
-                remember: bool = True) -> Installation:
-        """Install llama-server for ``backend`` (the release archive, else the source build). ``remember``: a
-        named backend is the one used from now on (none named: the machine's choice)."""
-        from ._install import install, installed
+                remember: bool = True, tag: str | None = None) -> Installation:
+        """Install llama-server for ``backend`` (the release archive, else the source build) of llama.cpp release
+        ``tag`` (``bNNNN``, ``latest``; None or ``pin``: the pinned one). ``remember``: a named backend and tag are
+        the ones used from now on (none named: the machine's backend, the pinned release); installs of other tags
+        stay beside it."""
+        from ._install import install, installed, prebuilt
 
-        inst = install.install(backend, method=method, force=force, cmake_args=cmake_args, progress=progress)
+        resolved = prebuilt.resolve_tag(tag)
+        inst = install.install(backend, method=method, force=force, cmake_args=cmake_args, progress=progress,
+                               tag=resolved)
         if remember:
             installed.name_backend(inst.backend if backend != "auto" else None)
+            installed.name_tag(None if resolved == prebuilt.PINNED_TAG else resolved)
         return inst
+
+    def update(self, backend: str = "auto", *, progress: Progress | None = None, tries: int = 5) -> Installation:
+        """The newest llama.cpp release whose archive installs and passes the smoke run (newest first, ``tries``
+        of them), named as the one in use; PrebuiltInstallError saying why each failed when none does."""
+        from ..errors import PrebuiltInstallError
+        from ._install import installed, prebuilt
+
+        failed: list[str] = []
+        for tag in prebuilt.newest_tags(count=tries):
+            try:
+                inst = self.install(backend, method="prebuilt", progress=progress, remember=False, tag=tag)
+            except PrebuiltInstallError as exc:
+                failed.append(f"{tag}: {exc}")
+                continue
+            installed.name_tag(None if tag == prebuilt.PINNED_TAG else tag)
+            return inst
+        raise PrebuiltInstallError("no recent llama.cpp release installs here: " + "; ".join(failed), "no-asset")
+
+    def installs(self) -> list[tuple[Installation, bool]]:
+        """Every llama-server gguf-provider installed, newest first, and whether it is the one in use."""
+        from ._install import installed
+
+        in_use = installed.any_installed()
+        return [(i, in_use is not None and i.bin_dir == in_use.bin_dir) for i in installed.installations()]
 
     def server_info(self) -> dict[str, Any] | None:
         """What ``gguf-provider server info`` says of the llama-server in use (None: none found): its path, how

@@ -482,3 +482,48 @@ def test_a_backend_upstream_does_not_publish_asks_nothing(mirror: Callable[..., 
     install.install("cuda", notify=lines.append, build_source=recorder)
     assert recorder.calls[0]["backend"] == "cuda" and srv.requests == []
     assert "(no-asset): llama.cpp publishes no archive for Linux x64 cuda" in lines[0]
+
+
+def test_releases_side_by_side_the_one_in_use_said_and_back_to_the_pin(
+        mirror: Callable[..., ReleasesServer], home: Path, tmp_path: Path, built_bin: Path) -> None:
+    """Issue 48: the mirror serves the pinned release and a newer one. `server install --tag` installs the newer
+    beside the pin and uses it; `server list` marks the one in use; `--tag pin` goes back in one command, nothing
+    downloaded again; `server update` takes the newest; a release with no archive falls back to its own source,
+    whose URL the error names, and the one in use stays."""
+    newer = f"b{int(TAG[1:]) + 88}"
+    srv = mirror(more={newer: {asset_name(newer): build_archive(built_bin, newer), **other_assets(newer)}})
+    env = env_without_build_tools(tmp_path)
+    env.update(GGUF_PROVIDER_LLAMA_RELEASES_URL=srv.base_url, GGUF_PROVIDER_LLAMA_SOURCE_URL=srv.base_url)
+
+    def cli(*args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+        out = subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+        assert (out.returncode == 0) == ok, out.stdout + out.stderr
+        return out
+
+    def in_use() -> str:
+        return str(json.loads(cli("server", "info", "--json").stdout)["path"])
+
+    cli("server", "install")
+    pinned, other = install.prebuilt_dir(TAG, "cpu") / "llama-server", install.prebuilt_dir(newer, "cpu") / "llama-server"
+    assert in_use() == str(pinned)
+    assert cli("server", "install", "--tag", newer).stdout.startswith(f"llama-server installed: {other} (")
+    assert in_use() == str(other)
+    listed = json.loads(cli("server", "list", "--json").stdout)
+    assert {(e["tag"], e["in_use"]) for e in listed} == {(TAG, False), (newer, True)}
+    assert "* cpu" in cli("server", "list").stdout
+
+    before = len(srv.requests)
+    assert "already installed" in cli("server", "install", "--tag", "pin").stdout
+    assert in_use() == str(pinned) and len(srv.requests) == before  # nothing asked: the pin is there
+    updated = cli("server", "update").stdout
+    assert f"llama.cpp {newer} already installed and in use from now on" in updated and in_use() == str(other)
+    cli("server", "install", "--tag", "pin")
+    assert "already installed" in cli("server", "install", "--tag", "latest").stdout and in_use() == str(other)
+    cli("server", "install")  # plain: back to the pin, as the README says
+    assert in_use() == str(pinned)
+
+    missing = cli("server", "install", "--tag", "b1", ok=False)
+    url = f"{srv.base_url}/ggml-org/llama.cpp/archive/refs/tags/b1.tar.gz"
+    assert "prebuilt llama.cpp b1 not used (http)" in missing.stderr and f"building {url}" in missing.stderr
+    assert f"could not be downloaded from {url}" in missing.stderr
+    assert in_use() == str(pinned)

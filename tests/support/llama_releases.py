@@ -49,6 +49,8 @@ class ReleasesServer:
     requests: list[Request] = field(default_factory=list)
     # Set: an asset's download sends half its bytes, then waits for the event (a download to interrupt).
     stall: threading.Event | None = None
+    # More releases: tag → their assets; `GET /repos/.../releases` lists every tag, the highest build number first
+    more: dict[str, dict[str, bytes]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         server = self
@@ -76,15 +78,20 @@ class ReleasesServer:
     def api_requests(self) -> list[Request]:
         return [r for r in self.requests if r.path.startswith("/repos/")]
 
-    def release_json(self) -> dict[str, Any]:
+    def tags(self) -> list[str]:
+        return sorted([self.tag, *self.more], key=lambda t: int(t.lstrip("b")), reverse=True)
+
+    def release_json(self, tag: str | None = None) -> dict[str, Any]:
+        tag = tag or self.tag
+        files = self.files if tag == self.tag else self.more[tag]
         assets = []
-        for i, (name, data) in enumerate(self.files.items()):
+        for i, (name, data) in enumerate(files.items()):
             digest = self.digests.get(name, "sha256:" + hashlib.sha256(data).hexdigest())
             assets.append({"id": i + 1, "name": name, "size": len(data), "digest": digest,
                            "content_type": "application/gzip", "state": "uploaded",
                            "url": f"{self.base_url}/repos/{REPO}/releases/assets/{i + 1}",
-                           "browser_download_url": f"{self.base_url}/download/{self.tag}/{name}"})
-        return {"tag_name": self.tag, "name": self.tag, "draft": False, "prerelease": False, "assets": assets}
+                           "browser_download_url": f"{self.base_url}/download/{tag}/{name}"})
+        return {"tag_name": tag, "name": tag, "draft": False, "prerelease": False, "assets": assets}
 
     def _answer(self, h: BaseHTTPRequestHandler) -> None:
         path = h.path.split("?")[0]
@@ -95,12 +102,15 @@ class ReleasesServer:
             headers = {"x-ratelimit-remaining": "0"} if self.status == 403 else {"retry-after": "60"}
             self._send(h, self.status, json.dumps({"message": messages.get(self.status, "error")}).encode(),
                        "application/json", headers)
-        elif path == f"/repos/{REPO}/releases/tags/{self.tag}":
-            self._send(h, 200, json.dumps(self.release_json()).encode(), "application/json")
-        elif m := re.fullmatch(rf"/download/{re.escape(self.tag)}/([^/]+)", path):
-            self._send(h, 302, b"", "text/plain", {"Location": f"/files/{m.group(1)}"})
-        elif (m := re.fullmatch(r"/files/([^/]+)", path)) and m.group(1) in self.files:
-            data = self.files[m.group(1)]
+        elif (m := re.fullmatch(rf"/repos/{REPO}/releases/tags/([^/]+)", path)) and m.group(1) in self.tags():
+            self._send(h, 200, json.dumps(self.release_json(m.group(1))).encode(), "application/json")
+        elif path == f"/repos/{REPO}/releases":
+            body = [self.release_json(t) for t in self.tags()]
+            self._send(h, 200, json.dumps(body).encode(), "application/json")
+        elif m := re.fullmatch(r"/download/(b\d+)/([^/]+)", path):
+            self._send(h, 302, b"", "text/plain", {"Location": f"/files/{m.group(2)}"})
+        elif (m := re.fullmatch(r"/files/([^/]+)", path)) and m.group(1) in self._all_files():
+            data = self._all_files()[m.group(1)]
             if m.group(1) in self.corrupt:
                 data = data[:len(data) // 2] + bytes([data[len(data) // 2] ^ 0xFF]) + data[len(data) // 2 + 1:]
             if self.stall is not None:
@@ -109,6 +119,9 @@ class ReleasesServer:
                 self._send(h, 200, data, "application/octet-stream")
         else:
             self._send(h, 404, json.dumps({"message": "Not Found"}).encode(), "application/json")
+
+    def _all_files(self) -> dict[str, bytes]:
+        return {k: v for files in (self.files, *self.more.values()) for k, v in files.items()}
 
     @staticmethod
     def _send(h: BaseHTTPRequestHandler, status: int, body: bytes, ctype: str,

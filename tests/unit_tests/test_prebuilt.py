@@ -724,3 +724,44 @@ def test_first_use_install_can_be_turned_off(nothing_found: None, monkeypatch: p
     monkeypatch.setenv("GGUF_PROVIDER_AUTO_INSTALL", "maybe")
     with pytest.raises(ValueError, match="GGUF_PROVIDER_AUTO_INSTALL"):
         install.ensure_installed()
+
+
+def test_a_tag_is_a_release_latest_or_the_pin(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GGUF_PROVIDER_LLAMA_TAG", raising=False)
+    assert prebuilt.resolve_tag(None) == prebuilt.resolve_tag("pin") == prebuilt.PINNED_TAG
+    assert prebuilt.resolve_tag("b12000") == "b12000"
+    monkeypatch.setattr(prebuilt, "newest_tags", lambda count=5: ["b12345", "b12340"])
+    assert prebuilt.resolve_tag("latest") == "b12345"
+    with pytest.raises(ValueError, match="give a llama.cpp release tag such as b11312, 'latest' or 'pin'"):
+        prebuilt.resolve_tag("v1.2")
+    monkeypatch.setenv("GGUF_PROVIDER_LLAMA_SOURCE_URL", "http://mirror.local/")
+    assert prebuilt.source_url("b12000") == "http://mirror.local/ggml-org/llama.cpp/archive/refs/tags/b12000.tar.gz"
+
+
+def test_the_install_in_use_is_the_named_tag_else_the_pin_else_the_newest(home: Path) -> None:
+    from gguf_provider.runtime._install import installed
+
+    pin = _fake_install(install.install_dir("cpu"), {"backend": "cpu", "version": "x", "built_at": 100.0})
+    newer = _fake_install(install.prebuilt_dir("b12000", "cpu"), {"backend": "cpu", "origin": "prebuilt", "version": "y",
+                                                                   "tag": "b12000", "installed_at": 200.0})
+    assert installed.any_installed().bin_dir == pin  # type: ignore[union-attr]  # newest, but not named
+    installed.name_tag("b12000")
+    assert installed.any_installed().bin_dir == newer  # type: ignore[union-attr]
+    installed.name_tag(None)
+    assert installed.any_installed().bin_dir == pin  # type: ignore[union-attr]
+
+
+def test_a_release_without_an_archive_is_built_from_its_own_source(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not the pin's source: that release's, from GitHub (or its mirror), said in the one line."""
+    def fail(*a: Any, **k: Any) -> install.Installation:
+        raise PrebuiltInstallError("no such release", "http")
+
+    monkeypatch.setattr(install, "install_prebuilt", fail)
+    lines: list[str] = []
+    calls: list[dict[str, Any]] = []
+    install.install("cpu", tag="b12000", notify=lines.append, build_source=_recorder(calls, home))
+    assert [c.get("tag") for c in calls] == ["b12000"]
+    assert lines == [f"prebuilt llama.cpp b12000 not used (http): no such release; building "
+                     f"{prebuilt.source_url('b12000')} from source instead (about 8 minutes on 2 cores)"]
+    install.install("cpu", method="source", tag="b12000", build_source=_recorder(calls, home))
+    assert [c.get("tag") for c in calls] == ["b12000", "b12000"]

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import filelock
+import httpx
 
 from ..._warn import warn
 from ...errors import BackendWarning, BinaryNotFoundError, BuildError, PrebuiltInstallError
@@ -43,7 +44,9 @@ from .installed import (
     SOURCE_PIN,
     Installation,
     install_dir,
+    installations,
     installed,
+    is_pinned,
     prebuilt_dir,
     read,
     resolve_backend,
@@ -154,12 +157,20 @@ def install(
 def _install(backend: str, method: str, force: bool, cmake_args: list[str] | None, progress: Progress | None,
              jobs: int | None, tag: str, notify: Callable[[str], None] | None, build: SourceBuild) -> Installation:
     """:func:`install`'s steps for one backend, under its lock."""
+    pinned = tag == prebuilt.PINNED_TAG
     if method == "source" or cmake_args:
-        log.info("install: the %s build from source %s (--from source or cmake arguments)", backend, SOURCE_PIN)
-        return build(backend, force=force, cmake_args=cmake_args, progress=progress, jobs=jobs)
+        log.info("install: the %s build from source %s (--from source or cmake arguments)", backend,
+                 SOURCE_PIN if pinned else prebuilt.source_url(tag))
+        return build(backend, force=force, cmake_args=cmake_args, progress=progress, jobs=jobs,
+                     **({} if pinned else {"tag": tag}))
     if not force:
-        done = installed(backend) if method == "auto" else installed(backend, "prebuilt", tag)
-        why = outdated(done) if done is not None and done.origin == "source" else None
+        if not pinned:  # that release's install, from its archive or its source
+            done = installed(backend, tag=tag)
+        elif method == "auto":  # the pin's: our source build or its archive
+            done = next((i for i in installations() if i.backend == backend and is_pinned(i)), None)
+        else:
+            done = installed(backend, "prebuilt", tag)
+        why = outdated(done) if done is not None and done.origin == "source" and pinned else None
         if why is not None:
             # An older build (no RPC worker, or other configure flags): rebuilt in the same build dir, where
             # only what changed is compiled.
@@ -175,8 +186,11 @@ def _install(backend: str, method: str, force: bool, cmake_args: list[str] | Non
         log.warning("install: the llama.cpp %s archive was not used (%s): %s", tag, exc.reason, exc)
         if method == "prebuilt" or methods_here(backend) == "prebuilt":
             raise
-        (notify or say)(f"prebuilt llama.cpp {tag} not used ({exc.reason}): {exc}; building {SOURCE_PIN} "
+        source = SOURCE_PIN if pinned else prebuilt.source_url(tag)
+        (notify or say)(f"prebuilt llama.cpp {tag} not used ({exc.reason}): {exc}; building {source} "
                         "from source instead (about 8 minutes on 2 cores)")
+    if not pinned:
+        return build(backend, force=force, cmake_args=cmake_args, progress=progress, jobs=jobs, tag=tag)
     return build(backend, force=force, cmake_args=cmake_args, progress=progress, jobs=jobs)
 
 
@@ -217,22 +231,26 @@ def build_from_source(
     cmake_args: list[str] | None = None,
     progress: Progress | None = None,
     jobs: int | None = None,
+    tag: str | None = None,
 ) -> Installation:
     """Build and install llama-server (plus rpc-server, llama-gguf-split, llama-quantize and the unified
-    ``llama``) for ``backend`` from SOURCE_PIN.
+    ``llama``) for ``backend`` from SOURCE_PIN, or from release ``tag``'s source (:func:`.prebuilt.source_url`).
 
     A second call finds the marker and returns at once unless ``force``. ``progress`` gets "build" reports (see
     :mod:`.progress`). Raises :class:`BuildError` naming the log
     file when any step fails.
     """
     backend = resolve_backend(backend)
+    other = tag is not None and tag != prebuilt.PINNED_TAG
+    label = f"llama.cpp-{tag}" if other else SOURCE_PIN
+    target = prebuilt_dir(str(tag), backend) if other else install_dir(backend)
     if not force and not cmake_args:
-        done = read(install_dir(backend))
-        if done is not None and outdated(done) is None:
+        done = read(target)
+        if done is not None and (other or outdated(done) is None):
             return done
-    src = fetch_source()
-    build = paths.build_dir() / f"{SOURCE_PIN}-{backend}"
-    log_path = paths.logs_dir() / f"build-{SOURCE_PIN}-{backend}.log"
+    src = fetch_tag_source(str(tag)) if other else fetch_source()
+    build = paths.build_dir() / f"{label}-{backend}"
+    log_path = paths.logs_dir() / f"build-{label}-{backend}.log"
     if force and build.exists():
         shutil.rmtree(build)
     args = configure_args(src, build, backend) + list(cmake_args or [])
@@ -242,7 +260,6 @@ def build_from_source(
     with open(log_path, "w") as log:
         _run_logged(args, log, log_path, "configure", None)
         _run_logged(build_cmd, log, log_path, "build", progress)
-    target = install_dir(backend)
     target.mkdir(parents=True, exist_ok=True)
     for name in targets:
         file = exe(TARGET_FILES.get(name, name))
@@ -254,6 +271,8 @@ def build_from_source(
     smoke_start(target / exe(SERVER_TARGET), paths.logs_dir() / f"smoke-{SOURCE_PIN}-{backend}.log")
     marker = {"origin": "source", "backend": backend, "source": SOURCE_PIN, "sha256": SDIST_SHA256,
               "version": version, "built_at": time.time(), "cmake_args": args[1:], "tools": list(TOOL_TARGETS)}
+    if other:
+        marker.update(source=prebuilt.source_url(str(tag)), sha256=None, tag=tag)
     (target / MARKER).write_text(json.dumps(marker, indent=2))
     return Installation(backend=backend, bin_dir=target, version=version, marker=marker, fresh=True)
 
@@ -419,6 +438,37 @@ def fetch_source() -> Path:
             shutil.rmtree(dest)
         staging.rename(dest)
     (dest / ".complete").write_text(SOURCE_PIN)
+    return dest
+
+
+def fetch_tag_source(tag: str) -> Path:
+    """The extracted source tree of llama.cpp release ``tag``, downloaded from :func:`.prebuilt.source_url` (GitHub,
+    or ``$GGUF_PROVIDER_LLAMA_SOURCE_URL``) on first use; BuildError naming where it was asked for."""
+    dest = paths.src_dir() / f"llama.cpp-{tag}"
+    if (dest / "CMakeLists.txt").is_file() and (dest / ".complete").exists():
+        return dest
+    url = prebuilt.source_url(tag)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+        archive = Path(tmp) / "src.tar.gz"
+        try:
+            with httpx.stream("GET", url, timeout=prebuilt.TIMEOUT, follow_redirects=True) as r:
+                r.raise_for_status()
+                with open(archive, "wb") as f:
+                    for block in r.iter_bytes(1 << 20):
+                        f.write(block)
+        except httpx.HTTPError as exc:
+            raise BuildError(f"the source of llama.cpp {tag} could not be downloaded from {url} ({exc}); build it "
+                             f"yourself and point $GGUF_PROVIDER_LLAMA_SERVER at its llama-server, or set "
+                             f"$GGUF_PROVIDER_LLAMA_SOURCE_URL to a mirror of github.com") from None
+        prebuilt.safe_extract(archive, Path(tmp) / "tree")
+        roots = [p for p in (Path(tmp) / "tree").iterdir() if (p / "CMakeLists.txt").is_file()]
+        if not roots:
+            raise BuildError(f"{url} holds no llama.cpp source tree (no CMakeLists.txt at its top)")
+        if dest.exists():
+            shutil.rmtree(dest)
+        roots[0].rename(dest)
+    (dest / ".complete").write_text(url)
     return dest
 
 

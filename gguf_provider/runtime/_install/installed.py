@@ -24,6 +24,7 @@ SERVER_TARGET = "llama-server"
 BACKENDS = ("auto", "cpu", "cuda", "vulkan", "metal")
 MARKER = "installed.json"
 NAMED = "backend-named"  # in the bin dir: the backend `server install --backend` named last
+NAMED_TAG = "tag-named"  # in the bin dir: the llama.cpp release `server install --tag` named last
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,8 @@ class Installation:
         if self.origin == "prebuilt":
             return (f"prebuilt llama.cpp {m.get('tag')} ({m.get('asset')}, {m.get('digest')}"
                     + (f", commit {str(m['commit'])[:9]}" if m.get("commit") else "") + ")")
+        if m.get("tag"):
+            return f"source build of llama.cpp {m['tag']} ({m.get('source')})"
         return f"source build of {m.get('source', SOURCE_PIN)}"
 
 
@@ -120,6 +123,37 @@ def name_backend(backend: str | None) -> None:
     target.write_text(f"{backend}\n")
 
 
+def named_tag() -> str | None:
+    """The release the last ``gguf-provider server install --tag TAG`` named, or None (the pinned one)."""
+    try:
+        return (paths.bin_dir() / NAMED_TAG).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def name_tag(tag: str | None) -> None:
+    """Record release ``tag`` as the one to use while installed; None goes back to the pinned build."""
+    target = paths.bin_dir() / NAMED_TAG
+    if tag is None:
+        target.unlink(missing_ok=True)
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(f"{tag}\n")
+
+
+def is_pinned(inst: Installation) -> bool:
+    """Our source build of the pin, or the pinned release's archive (its marker names the pinned commit)."""
+    return (inst.origin == "source" and not inst.marker.get("tag")) or bool(inst.marker.get("commit"))
+
+
+def in_use_order(found: list[Installation]) -> list[Installation]:
+    """``found`` (of one backend) as they are preferred: the release `server install --tag` named, else the pinned
+    build, then the newest."""
+    named = named_tag()
+    return sorted(found, key=lambda i: 0 if (named and i.marker.get("tag") == named)
+                  else 1 if is_pinned(i) else 2)  # sorted() keeps the newest-first order within each rank
+
+
 def any_installed() -> Installation | None:
     """Our install for the backend `server install --backend` named last, else the backend that fits this machine
     (``auto``), else another that can use its GPU, else cpu, else any other (:func:`.host.preference`): a CPU build
@@ -128,7 +162,7 @@ def any_installed() -> Installation | None:
     named = named_backend()
     order = host.preference(host.current_host())
     for backend in ([named] if named else []) + [b for b in order if b != named]:
-        inst = next((i for i in found if i.backend == backend), None)
+        inst = next(iter(in_use_order([i for i in found if i.backend == backend])), None)
         if inst is not None:
             return inst
     return None

@@ -67,6 +67,52 @@ def release_tag() -> str:
     return os.environ.get("GGUF_PROVIDER_LLAMA_TAG") or PINNED_TAG
 
 
+DEFAULT_SOURCE = "https://github.com"
+
+
+def source_url(tag: str) -> str:
+    """Where release ``tag``'s source is: ``$GGUF_PROVIDER_LLAMA_SOURCE_URL`` (a mirror of github.com) or GitHub's
+    tag archive."""
+    base = (os.environ.get("GGUF_PROVIDER_LLAMA_SOURCE_URL") or DEFAULT_SOURCE).rstrip("/")
+    return f"{base}/{REPO}/archive/refs/tags/{tag}.tar.gz"
+
+
+def newest_tags(client: httpx.Client | None = None, count: int = 5) -> list[str]:
+    """The newest published releases' tags, newest first (``GET /repos/{repo}/releases``; drafts and prereleases
+    left out). Raises PrebuiltInstallError when the API cannot be asked."""
+    url = f"{api_base()}/repos/{REPO}/releases?per_page={count}"
+    own = client is None
+    client = client or httpx.Client(timeout=TIMEOUT, follow_redirects=True)
+    try:
+        resp = client.get(url, headers=_headers(url))
+    except httpx.TransportError as exc:
+        raise PrebuiltInstallError(f"could not reach {api_base()} ({_network_why(exc)})", "network") from None
+    finally:
+        if own:
+            client.close()
+    if resp.status_code != 200:
+        raise _http_error(resp, f"the releases API ({url})")
+    try:
+        tags = [str(r["tag_name"]) for r in resp.json() if not r.get("draft") and not r.get("prerelease")]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PrebuiltInstallError(f"the releases API answered {url} with unexpected JSON ({exc})", "http") from None
+    if not tags:
+        raise PrebuiltInstallError(f"the releases API lists no release at {url}", "http")
+    return tags
+
+
+def resolve_tag(tag: str | None) -> str:
+    """``pin`` or None: the pinned tag (or ``$GGUF_PROVIDER_LLAMA_TAG``); ``latest``: the newest release; else the
+    tag as given (``b`` and a build number)."""
+    if tag in (None, "", "pin"):
+        return release_tag()
+    if tag == "latest":
+        return newest_tags(count=1)[0]
+    if not re.fullmatch(r"b\d+", tag):
+        raise ValueError(f"tag={tag!r}: give a llama.cpp release tag such as {PINNED_TAG}, 'latest' or 'pin'")
+    return tag
+
+
 def _token() -> str | None:
     return os.environ.get("GITHUB_TOKEN") or os.environ.get("GH_TOKEN") or None
 
