@@ -263,6 +263,11 @@ class LoopWarning(UserWarning):
     """The loop guard stopped a reply that had become a repeating cycle (``finish_reason="repetition"``)."""
 
 
+class BuildFeatureWarning(UserWarning):
+    """The llama-server in use lacks optimisations gguf-provider would use (``--metrics``, ``--cache-reuse``, ...):
+    they are left out, said once per binary and process (docs/install.md#a-newer-llamacpp-and-back)."""
+
+
 class GenerationTimeWarning(UserWarning):
     """A reply was cut by ``max_time`` (llama-server's ``t_max_predict_ms``; ``finish_reason="length"``): pass a
     larger ``max_time``, or ``max_time=None`` for no time bound."""

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from gguf_provider import ChatGGUF, GGUFEmbeddings
-from gguf_provider.runtime._serve.features import BuildFeatureWarning
+from gguf_provider.errors import BuildFeatureWarning
 from scripts import old_llama_server
 
 # Starts of SmolLM2 and MiniLM on the old build: ~1 s each, ~10 s under 2 hogs on 2 cores.

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from gguf_provider.errors import BuildFeatureWarning
 from gguf_provider.runtime._common.process import Address
 from gguf_provider.runtime._install import discovery
 from gguf_provider.runtime._serve import features
@@ -97,7 +98,7 @@ def test_the_optimisations_a_build_lacks_are_said_in_one_line(build: str, recwar
     features._said.discard(c.path)
     features.say_dropped(c, c.path)
     features.say_dropped(c, c.path)  # once per binary
-    lines = [w for w in recwarn if issubclass(w.category, features.BuildFeatureWarning)]
+    lines = [w for w in recwarn if issubclass(w.category, BuildFeatureWarning)]
     assert len(lines) == (1 if missing else 0)
     if missing:
         assert all(f in str(lines[0].message) for f in missing)

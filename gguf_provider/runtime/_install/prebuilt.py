@@ -41,7 +41,7 @@ from . import discovery
 
 REPO = "ggml-org/llama.cpp"
 # The upstream build of the commit llama-cpp-python 0.3.36 vendors (0c1e57098), i.e. the source of our source
-# build; how that was determined: docs/install.md#pinning.
+# build; how that was determined: docs/install.md#a-newer-llamacpp-and-back.
 PINNED_TAG = "b11312"
 PINNED_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 DEFAULT_API = "https://api.github.com"

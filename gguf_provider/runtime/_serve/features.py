@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..._warn import warn
+from ...errors import BuildFeatureWarning
 from .._install.discovery import ServerCapabilities
 from . import speculative as speculative_mod
 from .server_options import OPTIONS, ServerOption, ServerSpec
@@ -36,11 +37,6 @@ OPTIMISATIONS = {
 # Options whose default turns on an optimisation (not asked for by the user): missing, they are left out.
 HOW_TO_GET = ("`gguf-provider server install` installs the build gguf-provider is tested with, or "
               "`gguf-provider server install --tag latest` a newer one (docs/install.md)")
-
-
-class BuildFeatureWarning(UserWarning):
-    """The llama-server in use lacks optimisations gguf-provider would use: they are left out (one line per
-    binary and process)."""
 
 
 _said: set[str] = set()
@@ -97,5 +93,5 @@ def request_needs(payload: dict[str, object], flags: dict[str, bool], model: str
                          f"{Path(model).name} has none. {HOW_TO_GET}")
 
 
-__all__: Sequence[str] = ("CORE", "OPTIMISATIONS", "BuildFeatureWarning", "check", "missing_optimisations",
-                          "request_needs", "say_dropped")
+__all__: Sequence[str] = ("CORE", "OPTIMISATIONS", "check", "missing_optimisations", "request_needs",
+                          "say_dropped")
