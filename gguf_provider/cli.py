@@ -105,6 +105,9 @@ def cmd_server_info(args: argparse.Namespace) -> int:
     print(f"path:     {info['path']}\nfound by: {info['found_by']}\nruns as:  {' '.join(info['command'])} ARGS\n"
           f"version:  {info['version']}\nbuilt:    {info['built']} (the file's date)\norigin:   {info['origin']}")
     print(f"backend:  {info['backend']['why']}")
+    if info["lacks"]:
+        print("lacks:    " + "; ".join(f"{flag} ({what})" for flag, what in info["lacks"].items())
+              + " (left out; `gguf-provider server install --tag latest` for a newer build)")
     print("tools:    " + (", ".join(f"{name} ({cmd})" for name, cmd in info["tools"].items()) or "none beside it"))
     print("flags:")
     for flag, ok in sorted(info["flags"].items()):

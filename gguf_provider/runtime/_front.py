@@ -275,8 +275,10 @@ class Runtime:
         tools = {name: " ".join(cmd) for name, cmd in discovery.tools(path).items()}
         verdict = backend.in_use(path)
         built = datetime.datetime.fromtimestamp(path.resolve().stat().st_mtime).date().isoformat()
+        from ._serve import features
+
         return {"path": str(path), "found_by": how, "command": discovery.command(path), "version": caps.version,
-                "built": built,
+                "built": built, "lacks": {f: features.OPTIMISATIONS[f] for f in features.missing_optimisations(caps)},
                 "origin": ours.describe() if ours else "not installed by gguf-provider",
                 "install": ours.marker if ours else None, "tools": tools, "flags": caps.flags,
                 "backend": {"build": verdict.build, "chosen": verdict.choice.backend, "why": verdict.why,

@@ -226,7 +226,7 @@ def test_magics_load_takes_speculative(rt: RuntimeEnv, qwen_path: Path) -> None:
             shell.run_line_magic("gguf", f"load {rt.model} --ctx 1024 --as bad --speculative ngram-mdo")
         with pytest.raises(UsageError, match="DraftModelMismatch|cannot draft for"):
             shell.run_line_magic("gguf", f"load {qwen_path} --ctx 1024 --as mix --speculative {rt.model}")
-        with pytest.raises(UsageError, match=r"kv_cache_type='q9' is not a KV cache type"):
+        with pytest.raises(UsageError, match=r"`--kv-cache-type q9` is not a KV cache type"):
             shell.run_line_magic("gguf", f"load {rt.model} --as q --kv-cache-type q9")
     finally:
         shell.run_line_magic("gguf", "unload --all")
