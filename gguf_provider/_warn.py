@@ -5,14 +5,24 @@ from __future__ import annotations
 
 import sys
 import warnings
+from types import FrameType
 
 # Modules whose frames are never the user's: ours, and what runs our code on the user's behalf.
 _NOT_THE_USER = ("gguf_provider", "pydantic", "langchain_core", "langchain", "llama_index", "asyncio", "concurrent",
-                 "threading", "contextlib", "functools", "IPython", "traitlets", "anyio", "runpy", "importlib")
+                 "threading", "contextlib", "functools", "IPython", "ipykernel", "traitlets", "anyio", "runpy",
+                 "importlib")
 
 
 def _is_library(module: str) -> bool:
     return any(module == name or module.startswith(name + ".") for name in _NOT_THE_USER)
+
+
+def user_frame() -> FrameType | None:
+    """The caller's first frame that is not library code (a notebook cell, a script), or None (a worker thread)."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and _is_library(frame.f_globals.get("__name__", "")):
+        frame = frame.f_back
+    return frame
 
 
 def _level() -> int:

@@ -20,7 +20,6 @@ import logging
 import mimetypes
 import re
 import shlex
-import sys
 import time
 import warnings
 from collections.abc import Generator
@@ -34,6 +33,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from .. import chat, flags, logs
+from .._warn import user_frame
 from ..advice import render
 from ..engine import Engine, EngineConfig
 from ..errors import GGUFProviderError, ServerError
@@ -348,17 +348,6 @@ def _where(line: str) -> str:
     return f"%gguf {first}" if first in COMMANDS else "%gguf"
 
 
-_LIBRARIES = ("gguf_provider", "IPython", "ipykernel", "traitlets")
-
-
-def _user_frame() -> FrameType | None:
-    """The frame that ran the magic (a notebook cell, a script), or None: the warnings of the magic point there."""
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in _LIBRARIES:
-        frame = frame.f_back
-    return frame
-
-
 def _rewarn(caught: list[warnings.WarningMessage], frame: FrameType | None) -> None:
     """Warn again what the magic warned: gguf-provider's in magic words (``--max-time``), at the user's line; others
     as they were."""
@@ -408,7 +397,7 @@ class GGUFMagics(Magics):
         %%gguf [NAME] [options] with the message in the cell.
         %gguf --help: what each does; %gguf COMMAND --help, %gguf help cell: their options."""
         where = "%%gguf" if cell is not None else _where(line)
-        caller = _user_frame()
+        caller = user_frame()
         caught: list[warnings.WarningMessage] = []
         try:
             with warnings.catch_warnings(record=True) as caught:

@@ -74,7 +74,7 @@ def test_options_go_anywhere_among_the_positionals(argv: list[str], expected: di
                                     "--json?)"),
     (["serve", "m", "--ctxx", "5"], "did you mean --ctx?"),
     ([], "give a command: server, ps,"),
-    (["server"], "give a command: install, info, path, version"),
+    (["server"], "give a command: install, update, list, info, path, version"),
     (["embed"], "the following arguments are required: spec\n"),  # not `text`, which stdin may give
 ])
 def test_a_wrong_command_line_says_what_was_meant(argv: list[str], said: str,
