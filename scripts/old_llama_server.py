@@ -54,12 +54,17 @@ def ensure() -> Path:
         src = next((work / "src").glob("*/vendor/llama.cpp"))
         build = work / "build"
         flags = NO_AMX if os.uname().machine in ("x86_64", "AMD64") else ""
-        subprocess.run(["cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
-                        "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF",
-                        f"-DCMAKE_C_FLAGS={flags}", f"-DCMAKE_CXX_FLAGS={flags}"], check=True,
-                       stdout=subprocess.DEVNULL)
-        subprocess.run(["cmake", "--build", str(build), "--config", "Release", "-j", str(os.cpu_count() or 2),
-                        "--target", "llama-server"], check=True, stdout=subprocess.DEVNULL)
+        log_path = paths.logs_dir() / f"build-old-llama-server-{VERSION}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "w") as log:  # the compiler's many warnings go there; its tail is shown on failure
+            for step in (["cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
+                          "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF",
+                          f"-DCMAKE_C_FLAGS={flags}", f"-DCMAKE_CXX_FLAGS={flags}"],
+                         ["cmake", "--build", str(build), "--config", "Release", "-j", str(os.cpu_count() or 2),
+                          "--target", "llama-server"]):
+                if subprocess.run(step, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
+                    raise RuntimeError(f"{' '.join(step[:3])} failed; the log: {log_path}\n"
+                                       + "".join(log_path.read_text().splitlines(True)[-30:]))
         built = next(build.rglob("llama-server"))
         shutil.copy2(built, out.with_suffix(".tmp"))
         os.replace(out.with_suffix(".tmp"), out)
