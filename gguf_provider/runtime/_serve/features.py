@@ -34,7 +34,6 @@ OPTIMISATIONS = {
     "--no-webui": "no web UI",
     "--offline": "no network access by the server",
 }
-# Options whose default turns on an optimisation (not asked for by the user): missing, they are left out.
 HOW_TO_GET = ("`gguf-provider server install` installs the build gguf-provider is tested with, or "
               "`gguf-provider server install --tag latest` a newer one (docs/install.md)")
 
