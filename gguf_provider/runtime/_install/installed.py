@@ -23,6 +23,10 @@ SOURCE_PIN = f"{SDIST_NAME}-{SDIST_VERSION}"
 SERVER_TARGET = "llama-server"
 BACKENDS = ("auto", "cpu", "cuda", "vulkan", "metal")
 MARKER = "installed.json"
+# The upstream build of the commit llama-cpp-python 0.3.36 vendors (0c1e57098), i.e. the source of our source
+# build; how that was determined: docs/install.md#a-newer-llamacpp-and-back.
+PINNED_TAG = "b11312"
+PINNED_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 NAMED = "backend-named"  # in the bin dir: the backend `server install --backend` named last
 NAMED_TAG = "tag-named"  # in the bin dir: the llama.cpp release `server install --tag` named last
 
@@ -142,8 +146,8 @@ def name_tag(tag: str | None) -> None:
 
 
 def is_pinned(inst: Installation) -> bool:
-    """Our source build of the pin, or the pinned release's archive (its marker names the pinned commit)."""
-    return (inst.origin == "source" and not inst.marker.get("tag")) or bool(inst.marker.get("commit"))
+    """Our source build of the pin, or the pinned release's archive."""
+    return (inst.origin == "source" and not inst.marker.get("tag")) or inst.marker.get("tag") == PINNED_TAG
 
 
 def in_use_order(found: list[Installation]) -> list[Installation]:

@@ -38,12 +38,10 @@ from .._common.paths import exe
 from .._common.progress import Progress
 from .._models.local import list_models_dirs
 from . import discovery
+from .installed import PINNED_COMMIT as PINNED_COMMIT
+from .installed import PINNED_TAG as PINNED_TAG
 
 REPO = "ggml-org/llama.cpp"
-# The upstream build of the commit llama-cpp-python 0.3.36 vendors (0c1e57098), i.e. the source of our source
-# build; how that was determined: docs/install.md#a-newer-llamacpp-and-back.
-PINNED_TAG = "b11312"
-PINNED_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 DEFAULT_API = "https://api.github.com"
 TOOLS = ("ggml-rpc-server", "rpc-server", "llama-gguf-split", "llama-quantize")
 
