@@ -207,6 +207,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"gguf-provider: error: {exc}", file=sys.stderr)
         return 2
     placed, where, extra = made.plan, made.where, made.speculative_extra
+    if made.choice is not None:  # several quants: each planned, the automatic one marked
+        if args.json:
+            print(json.dumps({**made.choice.to_json(), "where": where}, indent=2))
+        else:
+            print(made.choice.describe())
+            if made.choice.choice is not None:
+                print(placed.describe())
+            print(f"(planned for {where}; nothing was downloaded or started. `--quant Q` plans one quant; "
+                  f"`gguf-provider plan {args.spec} --quant Q --json` gives its layers per device.)")
+        return 0 if made.choice.choice is not None else 1
     if args.json:
         print(json.dumps(placed.to_json(), indent=2))
     else:
@@ -681,7 +691,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--kv-cache-type", default="f16", metavar="TYPE", help="the KV cache's type (default f16; "
                       "q8_0 halves it)")
     plan.add_argument("--device", action="append", default=[], metavar="KIND:MEMORY",
-                      help="plan for this device instead of this machine's (repeatable): cuda:8GiB, vulkan:300MiB, "
+                      help="plan for this device instead of this machine's (repeatable): cuda:8GiB, vulkan:1260MiB, "
                            "metal:24GiB, cpu:64GiB for RAM (without a cpu: entry, this machine's free RAM)")
     plan.add_argument("--rpc", default="", metavar="HOST:PORT,...", help="RPC workers to plan over")
     plan.add_argument("--speculative", action="store_true",

@@ -106,6 +106,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
                                "org/repo[:QUANT]; it becomes the current model"),
     "ps": ("", "the llama-servers running: model, context, memory, leases"),
     "devices": ("[--rpc HOST:PORT,...]", "the GPUs (and RPC workers) llama-server can use, with free memory"),
+    "plan": ("SPEC [--quant Q] [--ctx N] [--device KIND:MEMORY ...] [--json]",
+             "where a model would sit (layers per device, context) without starting it; a repo or directory of "
+             "several quants: each one planned, the one auto picks marked"),
     "list": ("", "the .gguf models in the local models dir"),
     "unload": ("[NAME ...] | --all", "stop using the current model, NAME, or every model"),
     "use": ("NAME", "make NAME the current model, the one prompts and cells go to"),
@@ -171,6 +174,15 @@ def _command_parser(cmd: str) -> _ArgParser:
     if cmd == "unload":
         p.add_argument("names", nargs="*", metavar="NAME", help="loaded models (default: the current model)")
         p.add_argument("--all", action="store_true", help="unload every model")
+    elif cmd == "plan":
+        p.add_argument("spec", metavar="SPEC", help="a .gguf path, a directory, a model name in the models dir, or a "
+                       "Hugging Face org/repo[:QUANT]")
+        p.add_argument("--quant", help="plan this quant only (default: every quant, auto's pick marked)")
+        p.add_argument("--ctx", type=_at_least(int, 1), metavar="N", help="the context to plan for (default: as a "
+                       "load would choose)")
+        p.add_argument("--device", action="append", default=[], metavar="KIND:MEMORY",
+                       help="plan for this device instead of this machine's (repeatable): cuda:8GiB, cpu:32GiB")
+        p.add_argument("--json", action="store_true", help="the plan as JSON")
     elif cmd == "devices":
         p.add_argument("--rpc", default="", metavar="HOST:PORT,...", help="also ask these RPC workers "
                        "(gguf-provider rpc-worker) for their devices")
@@ -418,7 +430,7 @@ class GGUFMagics(Magics):
     def _line(self, line: str) -> Any:
         words = line.split()
         if not words:
-            raise UsageError("%gguf: give a subcommand (load, ps, devices, list, unload, use, reset, history, config, "
+            raise UsageError("%gguf: give a subcommand (load, ps, devices, plan, list, unload, use, reset, history, config, "
                              "log) or a prompt; %gguf --help says more")
         topic = words[1] if len(words) == 2 and words[1] in (*COMMANDS, "cell") else None
         if words[0] in _HELP and (words[0] != "help" or len(words) == 1 or topic):
@@ -472,6 +484,24 @@ class GGUFMagics(Magics):
                  **({"devices": r.describe_placement() or "CPU"} if any(s.placement for s in servers) else {})}
                 for r in servers]
         return _Table(rows, "no servers running", now_running.budget.describe())
+
+    def _cmd_plan(self, ns: argparse.Namespace) -> Any:
+        from ..runtime import ModelRef
+
+        try:
+            made = runtime().plan(ModelRef(ns.spec, quant=ns.quant), devices=ns.device, n_ctx=ns.ctx)
+        except ValueError as exc:
+            raise UsageError(f"%gguf plan: {render(str(exc), 'magic')}") from None
+        if ns.json:
+            print(json.dumps(made.choice.to_json() if made.choice else made.plan.to_json(), indent=2))
+            return None
+        if made.choice is None:
+            print(made.plan.describe())
+            return None
+        rows = [{"auto": "*" if i == made.choice.picked else "", "quant": v.option.label,
+                 "size": f"{v.option.size / 1e6:,.0f} MB", "n_ctx": v.plan.n_ctx, "where": v.where(),
+                 "fits": "yes" if v.plan.fits else "no"} for i, v in enumerate(made.choice.verdicts)]
+        return _Table(rows, "no quants", f"auto: {made.choice.line()} (planned for {made.where})")
 
     def _cmd_devices(self, ns: argparse.Namespace) -> _Table:
         try:

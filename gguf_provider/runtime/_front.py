@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ._install.backend import InUse
     from ._install.discovery import ServerCapabilities
     from ._install.installed import Installation
+    from ._memory.choose import Choice
     from ._memory.devices import Device
     from ._memory.plan import Plan
     from ._models import LocalModel, ModelRef, Resolution, ResolvedModel
@@ -59,6 +60,7 @@ class ModelPlan:
     plan: Plan
     where: str
     speculative_extra: int  # bytes of logits speculative decoding adds on the output device
+    choice: Choice | None = None  # several quants and none named: each planned, and the one auto picks
 
 
 class Runtime:
@@ -146,10 +148,11 @@ class Runtime:
     # -- models ---------------------------------------------------------------------------------------------------
 
     def resolve(self, ref: ModelRef | str) -> Resolution:
-        """The model's files (and projector, draft): found on disk or downloaded."""
+        """The model's files (and projector, draft): found on disk or downloaded. Several quants and none named:
+        the one that fits this machine best (:mod:`._memory.choose`)."""
         from ._models import ModelRef, resolve
 
-        return resolve(ModelRef(ref) if isinstance(ref, str) else ref)
+        return resolve(_choosing(ModelRef(ref) if isinstance(ref, str) else ref))
 
     def spec(self, config: ServerConfig, *, progress: Progress | None = None) -> ServerSpec:
         """What a server of ``config`` is: its model resolved (found, or downloaded: ``progress`` gets the reports),
@@ -159,10 +162,11 @@ class Runtime:
         return resolve_spec(config, progress=progress)
 
     def pull(self, ref: ModelRef | str, *, force: bool = False) -> ResolvedModel:
-        """Download a Hugging Face model into the cache (the Hub is always asked)."""
-        from ._models import pull
+        """Download a Hugging Face model into the cache (the Hub is always asked); several quants and none named:
+        the one that fits this machine best."""
+        from ._models import ModelRef, pull
 
-        return pull(ref, force=force)
+        return pull(_choosing(ModelRef(ref) if isinstance(ref, str) else ref), force=force)
 
     def confine(self, name: str) -> None:
         """ModelNotFoundError unless ``name`` is a model a shared endpoint may serve: a models-dir name, a Hugging
@@ -302,18 +306,24 @@ class Runtime:
              n_ctx: int | None = None, n_gpu_layers: int | None = None, kv_cache_type: str = "f16",
              speculative: bool = False) -> ModelPlan:
         """Where ``model``'s layers would go, without starting anything: on the ``devices`` named
-        (``KIND:MEMORY``), else on this machine's (with ``rpc`` workers). ValueError: a malformed device."""
+        (``KIND:MEMORY``), else on this machine's (with ``rpc`` workers). A repo, directory or name with several
+        quants and none named: every quant planned (``choice``), nothing downloaded. ValueError: a malformed
+        device."""
+        import contextlib
+        from dataclasses import replace
+
+        from ..errors import InsufficientMemoryError
         from ._common import gguf
+        from ._memory import choose
         from ._memory import devices as devices_mod
         from ._memory import plan as plan_mod
         from ._memory import rpc as rpc_mod
+        from ._models import ModelRef
+        from ._models.files import QuantFile
 
         named = devices_mod.number_devices([devices_mod.parse_device_arg(d) for d in devices])
         rpc_mod.normalize(rpc)
         devices_mod.device_limits()  # a malformed $GGUF_PROVIDER_DEVICE_LIMIT is said before anything runs
-        resolved = self.resolve(model).model
-        header = gguf.read_header(resolved.path)
-        gguf.require_model(header, resolved.path)
         if named:
             listed = named if any(d.kind == "cpu" for d in named) else [*named, devices_mod.host_device()]
             where = "the devices named"
@@ -323,10 +333,43 @@ class Runtime:
             where = (f"this machine as {seen.seen_by} sees it" if seen.seen_by else
                      "this machine (no llama-server yet: nvidia-smi)")
         outputs = plan_mod.SPECULATIVE_OUTPUTS if speculative else 4
+        ref = ModelRef(model) if isinstance(model, str) else model
+        choices: list[choose.Choice] = []
+        inner = choose.chooser(n_ctx=n_ctx, cache_type=kv_cache_type, n_outputs=outputs, devices=listed,
+                               seen=choices, quiet=True)
+
+        def compare(name: str, files: Sequence[QuantFile]) -> tuple[int, str]:
+            with contextlib.suppress(InsufficientMemoryError):
+                inner(name, files)
+            raise _Compared  # every quant planned: nothing to download
+
+        try:
+            resolved = self.resolve(replace(ref, choose=compare)).model
+        except _Compared:
+            made = choices[0]
+            shown = made.choice or made.verdicts[0]
+            header = shown.option.header
+            extra = plan_mod.logits_bytes(header, plan_mod.SPECULATIVE_OUTPUTS) - plan_mod.logits_bytes(header)
+            return ModelPlan(shown.plan, where, extra, made)
+        header = gguf.read_header(resolved.path)
+        gguf.require_model(header, resolved.path)
         placed = plan_mod.for_model(header, list(resolved.shards), listed, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
                                     cache_type=kv_cache_type, model=resolved.path.name, n_outputs=outputs)
         extra = plan_mod.logits_bytes(header, plan_mod.SPECULATIVE_OUTPUTS) - plan_mod.logits_bytes(header)
         return ModelPlan(placed, where, extra)
+
+
+def _choosing(ref: ModelRef) -> ModelRef:
+    """``ref`` with the automatic quant choice for this machine, unless it has a chooser."""
+    from dataclasses import replace
+
+    from ._memory.choose import chooser
+
+    return ref if ref.choose is not None else replace(ref, choose=chooser())
+
+
+class _Compared(Exception):
+    """Raised by :meth:`Runtime.plan`'s chooser once every quant is planned: the resolve stops before a download."""
 
 
 _default = Runtime()  # stateless over the process's manager (asked at each call)

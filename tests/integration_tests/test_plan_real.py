@@ -29,7 +29,7 @@ def test_smol8_tensor_table_is_smollm2_cut_to_8_layers(smollm2_path: Path) -> No
 
 
 def test_plan_qwen_on_300mib_vulkan(qwen_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc = cli.main(["plan", str(qwen_path), "--device", "vulkan:300MiB", "--device", "cpu:64GiB", "--json"])
+    rc = cli.main(["plan", str(qwen_path), "--device", "vulkan:1260MiB", "--device", "cpu:64GiB", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["fits"] is True and out["split"] is True
     vk, cpu = out["devices"]

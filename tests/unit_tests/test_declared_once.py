@@ -65,7 +65,7 @@ def test_the_runtime_configs_restate_no_option() -> None:
     assert not (bases[0] & bases[1] or bases[0] & bases[2] or bases[1] & bases[2])
     assert {f.name for f in dataclasses.fields(EngineConfig)} == set().union(*bases) | ENGINE_OWN
     assert _own(ServerSpec) == {"model", "shards", "mmproj", "speculative", "draft_model", "draft_shards"}
-    assert _own(ModelRef) == {"cache_dir", "draft", "progress"}
+    assert _own(ModelRef) == {"cache_dir", "draft", "progress", "choose"}
     # Every table entry is a config field; the model options that are also server options (vision, mmproj) are
     # ModelSource's, with the table's default.
     config = {f.name: f for f in dataclasses.fields(EngineConfig)}

@@ -51,7 +51,7 @@ def qwen_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_gpu_md_has_the_issues_plan_example() -> None:
     args = [a for a, _ in _plan_examples()]
-    assert ["plan", "Qwen2.5-Coder-0.5B-Instruct", "--device", "vulkan:300MiB", "--device", "cpu:64GiB"] in args
+    assert ["plan", "Qwen2.5-Coder-0.5B-Instruct", "--device", "vulkan:1260MiB", "--device", "cpu:64GiB"] in args
     assert any(a.count("cuda:8GiB") == 2 for a in args)  # "would this fit two 8 GiB cards?"
 
 

@@ -163,7 +163,7 @@ def test_a_prompt_on_the_cell_line_is_pointed_below(ip: Any, sent: list[Any]) ->
 
 
 @pytest.mark.parametrize(("line", "cell", "expected"), [
-    ("", None, "%gguf: give a subcommand (load, ps, devices, list, unload, use, reset, history, config, log) or a "
+    ("", None, "%gguf: give a subcommand (load, ps, devices, plan, list, unload, use, reset, history, config, log) or a "
                "prompt; %gguf --help says more"),
     ("load", None, "%gguf load: the following arguments are required: SPEC (see %gguf load --help)"),
     ("load a.gguf b.gguf", None, "%gguf load: unrecognized arguments: b.gguf; one SPEC per %gguf load (see %gguf "

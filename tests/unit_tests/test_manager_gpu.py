@@ -42,7 +42,7 @@ def test_the_plan_reaches_the_command_line_and_the_registry(tmp_path: Path, monk
     w = gpu_world(tmp_path, monkeypatch, 8 * GiB)
     model = w.spec("qwen", n_ctx=2048).model
     # the GPU's reserve, a compute buffer and half the model: it does not fit whole
-    vram = 64 * MiB + plan.compute_bytes(gguf.read_header(model), 2048) + model.stat().st_size // 2
+    vram = plan.FIT_TARGET + plan.compute_bytes(gguf.read_header(model), 2048) + model.stat().st_size // 2
     w.budget.devices = lambda binary, rpc: [Device("CUDA0", "cuda", "small GPU", vram, vram),  # type: ignore
                                             Device("CPU", "cpu", "host RAM", 64 * GiB, 64 * GiB)]
     lease = w.client().acquire(w.spec("qwen", n_ctx=2048))

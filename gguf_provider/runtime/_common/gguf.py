@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
@@ -318,7 +319,6 @@ def read_vocabulary(path: str | os.PathLike[str]) -> Vocabulary:
 
 def _parse(p: Path, strings_of: str | None) -> tuple[GGUFHeader, list[bytes]]:
     """The header, and the values of the string array ``strings_of`` when it is given (else none)."""
-    strings: list[bytes] = []
     try:
         f = open(p, "rb", buffering=0)
     except FileNotFoundError:
@@ -326,37 +326,40 @@ def _parse(p: Path, strings_of: str | None) -> tuple[GGUFHeader, list[bytes]]:
     except IsADirectoryError:
         raise GGUFFormatError(f"{p}: is a directory, not a GGUF file") from None
     with f:
-        size = os.fstat(f.fileno()).st_size
-        r = _Reader(f, size, p)
-        if size < 4 or r.read(4) != MAGIC:
-            raise GGUFFormatError(f"{p}: not a GGUF file (the first 4 bytes are not b'GGUF')")
-        version = r.unpack(_U32)
-        if version not in SUPPORTED_VERSIONS:
-            hint = " (a big-endian file?)" if version >= 1 << 16 else ""
-            raise GGUFFormatError(
-                f"{p}: unsupported GGUF version {version}{hint}; versions {SUPPORTED_VERSIONS} are supported"
-            )
-        tensor_count, kv_count = r.unpack(_U64), r.unpack(_U64)
-        # A KV takes >= 13 bytes (key length, type, 1-byte value); a tensor info >= 24 before its name.
-        if kv_count * 13 > r.left():
-            raise r.fail(f"kv_count {kv_count} is more than the file could hold")
-        if tensor_count * 24 > r.left():
-            raise r.fail(f"tensor_count {tensor_count} is more than the file could hold")
-        meta: dict[str, MetaValue] = {}
-        for _ in range(kv_count):
-            raw = r.string("key")
-            try:
-                key = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise r.fail(f"key {raw[:40]!r} is not UTF-8") from None
-            t = _value_type(r, key)
-            if key == strings_of and t == _ARRAY:
-                strings = _read_string_array(r, key)
-                meta[key] = SkippedArray("string", len(strings))
-            else:
-                meta[key] = _read_value(r, t, key)
-        end = r.offset
-    return _build(p, version, tensor_count, kv_count, end, meta), strings
+        return _parse_from(_Reader(f, os.fstat(f.fileno()).st_size, p), strings_of)
+
+
+def _parse_from(r: _Reader, strings_of: str | None) -> tuple[GGUFHeader, list[bytes]]:
+    p, size = r.path, r.size
+    strings: list[bytes] = []
+    if size < 4 or r.read(4) != MAGIC:
+        raise GGUFFormatError(f"{p}: not a GGUF file (the first 4 bytes are not b'GGUF')")
+    version = r.unpack(_U32)
+    if version not in SUPPORTED_VERSIONS:
+        hint = " (a big-endian file?)" if version >= 1 << 16 else ""
+        raise GGUFFormatError(
+            f"{p}: unsupported GGUF version {version}{hint}; versions {SUPPORTED_VERSIONS} are supported"
+        )
+    tensor_count, kv_count = r.unpack(_U64), r.unpack(_U64)
+    # A KV takes >= 13 bytes (key length, type, 1-byte value); a tensor info >= 24 before its name.
+    if kv_count * 13 > r.left():
+        raise r.fail(f"kv_count {kv_count} is more than the file could hold")
+    if tensor_count * 24 > r.left():
+        raise r.fail(f"tensor_count {tensor_count} is more than the file could hold")
+    meta: dict[str, MetaValue] = {}
+    for _ in range(kv_count):
+        raw = r.string("key")
+        try:
+            key = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise r.fail(f"key {raw[:40]!r} is not UTF-8") from None
+        t = _value_type(r, key)
+        if key == strings_of and t == _ARRAY:
+            strings = _read_string_array(r, key)
+            meta[key] = SkippedArray("string", len(strings))
+        else:
+            meta[key] = _read_value(r, t, key)
+    return _build(p, version, tensor_count, kv_count, r.offset, meta), strings
 
 
 def _read_string_array(r: _Reader, key: str) -> list[bytes]:
@@ -438,23 +441,37 @@ def read_tensors(path: str | os.PathLike[str]) -> list[TensorInfo]:
     padding is counted: what mapping the file costs. Reads only the table, never the data.
     """
     p = Path(path)
-    header = read_header(p)
     with open(p, "rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
-        r = _Reader(f, size, p)
-        r.skip(header.metadata_end)
-        raw: list[tuple[str, tuple[int, ...], int, int]] = []
-        for _ in range(header.tensor_count):
-            name = r.string("tensor name").decode("utf-8", errors="replace")
-            n_dims = r.unpack(_U32)
-            if n_dims > 8:
-                raise r.fail(f"tensor {name!r} claims {n_dims} dimensions")
-            shape = tuple(r.unpack(_U64) for _ in range(n_dims))
-            ggml_type, offset = r.unpack(_U32), r.unpack(_U64)
-            raw.append((name, shape, ggml_type, offset))
-        align = _int(header.metadata.get("general.alignment")) or 32
-        data_start = -(-r.offset // align) * align
+        return read_table(f, os.fstat(f.fileno()).st_size, p)[1]
+
+
+def read_table(f: BinaryIO, size: int, name: str | os.PathLike[str]) -> tuple[GGUFHeader, list[TensorInfo]]:
+    """The header and the tensor table of a GGUF file opened as ``f`` (``size`` bytes in all), read in one pass
+    from its start: a local file, or a remote one read by HTTP ranges (:mod:`..._models.remote`). ``name`` is
+    what messages call it."""
+    r = _Reader(f, size, Path(name))
+    header = _parse_from(r, None)[0]
+    raw: list[tuple[str, tuple[int, ...], int, int]] = []
+    for _ in range(header.tensor_count):
+        tname = r.string("tensor name").decode("utf-8", errors="replace")
+        n_dims = r.unpack(_U32)
+        if n_dims > 8:
+            raise r.fail(f"tensor {tname!r} claims {n_dims} dimensions")
+        shape = tuple(r.unpack(_U64) for _ in range(n_dims))
+        ggml_type, offset = r.unpack(_U32), r.unpack(_U64)
+        raw.append((tname, shape, ggml_type, offset))
+    align = _int(header.metadata.get("general.alignment")) or 32
+    data_start = -(-r.offset // align) * align
     data_size = max(size - data_start, 0)
     ends = sorted({o for *_, o in raw} | {data_size})
     following = {o: ends[i + 1] for i, o in enumerate(ends[:-1])}
-    return [TensorInfo(name, shape, t, max(following.get(o, data_size) - o, 0)) for name, shape, t, o in raw]
+    return header, [TensorInfo(n, shape, t, max(following.get(o, data_size) - o, 0)) for n, shape, t, o in raw]
+
+
+def read_tables(paths: Sequence[str | os.PathLike[str]]) -> list[tuple[GGUFHeader, list[TensorInfo]]]:
+    """:func:`read_table` of each file in ``paths`` (a model's shards)."""
+    out = []
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            out.append(read_table(f, os.fstat(f.fileno()).st_size, path))
+    return out

@@ -46,9 +46,14 @@ _LAYER = re.compile(r"^blk\.(\d+)\.")
 _EXPERTS = re.compile(r"^blk\.\d+\.ffn_(up|down|gate|gate_up)_(ch)?exps")
 
 
+FIT_TARGET = 1024 * MiB
+"""Memory kept free on each GPU-like device: llama.cpp's ``--fit-target`` default (common.h ``fit_params_target``,
+a flat 1024 MiB per device at the pinned build), so our plan leaves what llama.cpp's own fit would."""
+
+
 def device_reserve(device: Device) -> int:
-    """Memory kept free on a GPU: 10% of it, at least 64 MiB and at most 1 GiB (llama.cpp's --fit-target)."""
-    return min(GiB, max(64 * MiB, device.total // 10))
+    """Memory kept free on a GPU-like device: :data:`FIT_TARGET`."""
+    return FIT_TARGET
 
 
 def usable(device: Device) -> int:

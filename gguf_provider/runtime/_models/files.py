@@ -8,12 +8,14 @@ a spec's quant or file name picks one model among such files (:func:`_select`). 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from ...errors import MissingShardError, ModelNotFoundError, UnknownQuantError
+from .._common.gguf import GGUFHeader, TensorInfo
 
-DEFAULT_QUANT_PREFERENCE = ("Q4_K_M", "Q4_K_S", "Q5_K_M", "Q8_0")
+DEFAULT_QUANT_PREFERENCE = ("Q4_K_M", "Q4_K_S", "Q5_K_M", "Q8_0")  # without a chooser (QuantChooser) only
 MMPROJ_QUANT_PREFERENCE = ("F16", "BF16", "Q8_0")
 
 _SHARD_RE = re.compile(r"^(?P<base>.+)-(?P<idx>\d{5})-of-(?P<total>\d{5})\.gguf$", re.IGNORECASE)
@@ -140,8 +142,40 @@ def _describe(avail: dict[str, int]) -> str:
     return ", ".join(f"{q} ({human_size(n)})" for q, n in sorted(avail.items(), key=lambda kv: kv[1])) or "none"
 
 
-def _select(cands: list[_Candidate], *, quant: str | None, filename: str | None, where: str) -> _Candidate:
-    """Pick the model among ``cands`` by filename, by quant, or by the default preference."""
+TableReader = Callable[[], list[tuple[GGUFHeader, list[TensorInfo]]]]
+"""Reads each file of a model (shard order): its header and tensor table, from disk or by HTTP ranges."""
+
+
+@dataclass(frozen=True)
+class QuantFile:
+    """One quant of a model that the automatic choice weighs: its label, size, files, and how to read its tables."""
+
+    label: str
+    size: int
+    files: tuple[str, ...]
+    read: TableReader = field(compare=False, repr=False)
+
+
+class QuantChooser(Protocol):
+    """Picks one of ``files`` (several quants of the model ``name``) for this machine: the index of the one taken
+    and a line saying why (:mod:`gguf_provider.runtime._memory.choose`). Raises when none fits."""
+
+    def __call__(self, name: str, files: Sequence[QuantFile]) -> tuple[int, str]: ...
+
+
+def is_auto(quant: str | None) -> bool:
+    """No quant named, or ``"auto"``: the automatic choice decides."""
+    return quant is None or quant.strip().lower() == "auto"
+
+
+def _select(cands: list[_Candidate], *, quant: str | None, filename: str | None, where: str, name: str = "",
+            choose: QuantChooser | None = None, reader: Callable[[_Candidate], TableReader] | None = None,
+            said: list[str] | None = None) -> _Candidate:
+    """Pick the model among ``cands`` by filename, by quant, or (none named, or ``"auto"``) with ``choose`` over the
+    complete candidates (each read by ``reader``; its line appended to ``said``); without a chooser, by
+    :data:`DEFAULT_QUANT_PREFERENCE`."""
+    if quant is not None and is_auto(quant):
+        quant = None
     if not cands:
         raise ModelNotFoundError(f"{where} holds no GGUF model file")
     if filename:
@@ -166,6 +200,12 @@ def _select(cands: list[_Candidate], *, quant: str | None, filename: str | None,
                                      c.size))
         return _complete(matching[0], where)
     complete = [c for c in cands if not c.missing]
+    if len(complete) > 1 and choose is not None and reader is not None:
+        files = [QuantFile(c.label, c.size, c.files, reader(c)) for c in complete]
+        index, line = choose(name or where, files)
+        if said is not None:
+            said.append(line)
+        return complete[index]
     for pref in DEFAULT_QUANT_PREFERENCE:
         for c in sorted(complete, key=lambda c: c.size):
             if (c.quant or "").removeprefix("UD-") == pref:

@@ -9,6 +9,7 @@ shards of a split model by the name of the first one.
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import re
 import shutil
@@ -22,8 +23,19 @@ from ...errors import (
     ModelNotFoundError,
     UnknownQuantError,
 )
+from .._common.gguf import GGUFHeader, TensorInfo, read_tables
 from .._common.progress import Progress
-from .files import _group, _is_gguf, _select, _select_mmproj, human_size
+from .files import (
+    QuantChooser,
+    TableReader,
+    _Candidate,
+    _group,
+    _is_gguf,
+    _select,
+    _select_mmproj,
+    human_size,
+)
+from .remote import read_remote_table
 from .spec import LocalModel, ModelRef, ResolvedModel, Spec
 
 
@@ -105,7 +117,7 @@ def _cached_like(repo: str, cache: Path) -> str:
 
 
 def _resolve_hf_cached(repo: str, *, quant: str | None, filename: str | None, revision: str | None, vision: bool,
-                       cache: Path, why: str) -> ResolvedModel:
+                       cache: Path, why: str, choose: QuantChooser | None = None) -> ResolvedModel:
     """Resolve from the Hugging Face cache only (no network)."""
     from huggingface_hub import try_to_load_from_cache
 
@@ -120,8 +132,10 @@ def _resolve_hf_cached(repo: str, *, quant: str | None, filename: str | None, re
     snapshot = storage / "snapshots" / commit
     files = _snapshot_files(snapshot)
     where = f"the cached snapshot of {repo} ({why})"
+    said: list[str] = []
     try:
-        chosen = _select(_group(files), quant=quant, filename=filename, where=where)
+        chosen = _select(_group(files), quant=quant, filename=filename, where=where, name=repo, choose=choose,
+                         reader=lambda c: functools.partial(read_tables, [snapshot / f for f in c.files]), said=said)
     except ModelNotFoundError as exc:
         if isinstance(exc, UnknownQuantError):
             raise UnknownQuantError(f"{exc}; {_offline_hint(repo, quant, why)}", available=exc.available) from None
@@ -144,7 +158,7 @@ def _resolve_hf_cached(repo: str, *, quant: str | None, filename: str | None, re
             )
         mmproj = snapshot / proj
     return ResolvedModel(shards[0], tuple(shards), mmproj, sum(s.stat().st_size for s in shards), "hf", repo,
-                         chosen.quant, cached=why)
+                         chosen.quant, cached=why, chosen=said[0] if said else None)
 
 
 def _is_complete_in_cache(storage: Path, commit: str, rel: str, size: int, sha256: str | None) -> bool:
@@ -250,7 +264,8 @@ def resolve_hf(spec: Spec, ref: ModelRef, *, force_download: bool = False,
     cache = _hf_cache(ref.cache_dir)
     if is_offline(ref.offline):
         return _resolve_hf_cached(repo, quant=quant, filename=filename, revision=revision, vision=vision,
-                                  cache=cache, why=OFFLINE_MODE + " (offline=True or HF_HUB_OFFLINE=1)")
+                                  cache=cache, why=OFFLINE_MODE + " (offline=True or HF_HUB_OFFLINE=1)",
+                                  choose=ref.choose)
 
     from huggingface_hub import HfApi, hf_hub_download
     from huggingface_hub.errors import HfHubHTTPError
@@ -265,7 +280,8 @@ def resolve_hf(spec: Spec, ref: ModelRef, *, force_download: bool = False,
         if allow_cache_fallback:
             try:
                 return _resolve_hf_cached(repo, quant=quant, filename=filename, revision=revision, vision=vision,
-                                          cache=cache, why=f"the Hugging Face Hub could not be reached ({exc})")
+                                          cache=cache, why=f"the Hugging Face Hub could not be reached ({exc})",
+                                          choose=ref.choose)
             except ModelNotFoundError as cached_exc:
                 raise ModelNotFoundError(str(cached_exc)) from exc
         raise ModelNotFoundError(f"could not reach the Hugging Face Hub for {repo}: {exc}") from exc
@@ -278,7 +294,25 @@ def resolve_hf(spec: Spec, ref: ModelRef, *, force_download: bool = False,
         if s.lfs is not None:
             shas[s.rfilename] = s.lfs.sha256
     where = f"Hugging Face repo {repo}" + (f" (revision {revision})" if revision else "")
-    chosen = _select(_group(sizes), quant=quant, filename=filename, where=where)
+    commit = info.sha or ""
+    storage = _repo_storage(cache, repo)
+
+    def reader(c: _Candidate) -> TableReader:
+        """Each shard's tables: from the cache when it holds the file, else by HTTP ranges (no download)."""
+        def read() -> list[tuple[GGUFHeader, list[TensorInfo]]]:
+            out = []
+            for f in c.files:
+                local = storage / "snapshots" / commit / f
+                if commit and _is_complete_in_cache(storage, commit, f, sizes[f], shas.get(f)) and local.is_file():
+                    out += read_tables([local])
+                else:
+                    out.append(read_remote_table(repo, f, revision=commit or revision, size=sizes[f], token=token))
+            return out
+        return read
+
+    said: list[str] = []
+    chosen = _select(_group(sizes), quant=quant, filename=filename, where=where, name=repo, choose=ref.choose,
+                     reader=reader, said=said)
     to_fetch = list(chosen.files)
     if vision:
         proj = _select_mmproj(sizes, chosen.first)
@@ -289,8 +323,6 @@ def resolve_hf(spec: Spec, ref: ModelRef, *, force_download: bool = False,
             )
         to_fetch.append(proj)
 
-    commit = info.sha or ""
-    storage = _repo_storage(cache, repo)
     pending = [f for f in to_fetch
                if force_download or not (commit and _is_complete_in_cache(storage, commit, f, sizes[f], shas.get(f)))]
     need = sum(sizes[f] for f in pending)
@@ -344,4 +376,6 @@ def resolve_hf(spec: Spec, ref: ModelRef, *, force_download: bool = False,
         source="hf",
         repo=repo,
         quant=chosen.quant,
+        chosen=said[0] if said else None,
     )
+

@@ -4,18 +4,24 @@ looked up by file stem in the models dirs (``<home>/models`` and ``$GGUF_PROVIDE
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ...errors import MissingShardError, ModelNotFoundError, UnknownQuantError
 from .._common import gguf, paths
 from .files import (
     _SHARD_RE,
+    QuantChooser,
+    QuantFile,
+    _group,
     _is_gguf,
     _is_mmproj,
+    _select,
     _select_mmproj,
     _strip_gguf,
     _strip_quant,
+    is_auto,
     parse_quant,
     quant_matches,
 )
@@ -64,6 +70,26 @@ def resolve_mmproj(value: str) -> Path:
     return path
 
 
+def _dir_candidates(folder: Path) -> dict[str, int]:
+    """The GGUF files in ``folder`` and its subfolders (a split set may sit in one), relative posix paths."""
+    return {p.relative_to(folder).as_posix(): p.stat().st_size for p in sorted(folder.rglob("*.gguf"))
+            if p.is_file()}
+
+
+def _resolve_dir(folder: Path, quant: str | None, *, vision: bool, choose: QuantChooser | None) -> ResolvedModel:
+    """A directory of one model's quants: the quant named, else the automatic choice among them."""
+    files = _dir_candidates(folder)
+    if not files:
+        raise ModelNotFoundError(f"{folder} is a directory with no .gguf file in it; give the path of a .gguf file")
+    said: list[str] = []
+    stems = {_strip_quant(_strip_gguf(c.first.rsplit("/", 1)[-1])) for c in _group(files)}
+    chosen = _select(_group(files), quant=quant, filename=None, where=f"directory {folder}",
+                     name=stems.pop() if len(stems) == 1 else folder.name,
+                     choose=choose, reader=lambda c: functools.partial(gguf.read_tables, [folder / f for f in c.files]),
+                     said=said)
+    return replace(_resolve_path(folder / chosen.first, vision=vision), chosen=said[0] if said else None)
+
+
 def _resolve_path(path: Path, *, vision: bool, source: str = "path") -> ResolvedModel:
     if not path.exists():
         raise ModelNotFoundError(f"model file not found: {path} does not exist")
@@ -109,9 +135,12 @@ def _scan_models_dirs() -> list[_LocalEntry]:
     return entries
 
 
-def _find_by_name(name: str, quant: str | None) -> Path:
+def _find_by_name(name: str, quant: str | None, choose: QuantChooser | None = None,
+                  said: list[str] | None = None) -> Path:
     entries = _scan_models_dirs()
     key = _strip_gguf(name).casefold()
+    if quant is not None and is_auto(quant):
+        quant = None
     pool = [e for e in entries if quant_matches(quant, e.stem)] if quant else entries
     exact = [e for e in pool if e.stem.casefold() == key]
     if exact:
@@ -119,6 +148,21 @@ def _find_by_name(name: str, quant: str | None) -> Path:
     loose = [e for e in pool if _strip_quant(e.stem).casefold() == key]
     if len(loose) == 1:
         return loose[0].path
+    if len(loose) > 1 and choose is not None:  # one model in several quants: the automatic choice
+        complete = []
+        for e in loose:
+            try:
+                complete.append((e, _shard_set(e.path)))
+            except MissingShardError:
+                continue
+        if len(complete) > 1:
+            files = [QuantFile(parse_quant(e.path.name) or e.stem, sum(s.stat().st_size for s in shards),
+                               tuple(s.name for s in shards), functools.partial(gguf.read_tables, shards))
+                     for e, shards in complete]
+            index, line = choose(_strip_quant(loose[0].stem), files)
+            if said is not None:
+                said.append(line)
+            return complete[index][0].path
     if len(loose) > 1:
         listing = ", ".join(e.stem for e in loose)
         raise ModelNotFoundError(
@@ -161,8 +205,9 @@ def did_you_mean(name: str, entries: list[_LocalEntry]) -> str:
     return f" Did you mean {names[close[0]]!r}?" if close else ""
 
 
-def resolve_local(spec: Spec, *, vision: bool) -> ResolvedModel:
-    """Resolve a parsed spec of kind "path" or "name" (a bare ``*.gguf`` file name is also looked up by name)."""
+def resolve_local(spec: Spec, *, vision: bool, choose: QuantChooser | None = None) -> ResolvedModel:
+    """Resolve a parsed spec of kind "path" or "name" (a bare ``*.gguf`` file name is also looked up by name; a
+    directory holds one model's quants, and ``choose`` picks among them as among a name's)."""
     if spec.kind == "path":
         path = Path(spec.value).expanduser()
         if not path.exists() and _is_gguf(path.name) and len(path.parts) == 1:
@@ -170,8 +215,12 @@ def resolve_local(spec: Spec, *, vision: bool) -> ResolvedModel:
                 return _resolve_path(_find_by_name(path.name, spec.quant), vision=vision, source="models-dir")
             except ModelNotFoundError:
                 pass
+        if path.is_dir():
+            return _resolve_dir(path, spec.quant, vision=vision, choose=choose)
         return _resolve_path(path, vision=vision, source="path")
-    return _resolve_path(_find_by_name(spec.value, spec.quant), vision=vision, source="models-dir")
+    said: list[str] = []
+    found = _resolve_path(_find_by_name(spec.value, spec.quant, choose, said), vision=vision, source="models-dir")
+    return replace(found, chosen=said[0]) if said else found
 
 
 def list_models_dirs() -> list[LocalModel]:

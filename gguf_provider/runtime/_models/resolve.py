@@ -31,7 +31,8 @@ def resolve(ref: ModelRef) -> Resolution:
     """
     spec = parse(ref)
     mmproj = resolve_mmproj(ref.mmproj) if ref.mmproj else None
-    model = resolve_hf(spec, ref) if spec.kind == "hf" else resolve_local(spec, vision=ref.finds_mmproj)
+    model = (resolve_hf(spec, ref) if spec.kind == "hf" else
+             resolve_local(spec, vision=ref.finds_mmproj, choose=ref.choose))
     if mmproj is not None:
         model = replace(model, mmproj=mmproj)
     log.info("model %r resolved to %s (from %s%s%s%s)", ref.model_path or ref.model or ref.repo, model.path,

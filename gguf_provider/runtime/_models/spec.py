@@ -16,7 +16,7 @@ from typing import Any
 from ...errors import ModelNotFoundError
 from .._common.model_source import ModelSource
 from .._common.progress import Progress
-from .files import _is_gguf
+from .files import QuantChooser, _is_gguf
 
 _REPO_RE = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?::(?P<quant>[\w.+-]+))?$")
 _HUB_PREFIXES = ("hf://", "https://huggingface.co/", "huggingface.co/", "hf.co/")
@@ -34,6 +34,8 @@ class ModelRef(ModelSource):
     cache_dir: str | os.PathLike[str] | None = None  # None: the standard Hugging Face cache
     draft: str | None = None  # a draft model (speculative=), resolved like ``model`` with the same Hub settings
     progress: Progress | None = field(default=None, compare=False, hash=False)  # "download" reports
+    # Picks among several quants when none is named (None: this machine's devices at the model's own context)
+    choose: QuantChooser | None = field(default=None, compare=False, hash=False)
 
     @classmethod
     def of(cls, config: ModelSource, **more: Any) -> ModelRef:
@@ -59,6 +61,8 @@ class ResolvedModel:
     quant: str | None = None  # quant label read from the file name, e.g. "Q4_K_M"
     # Why it came from the Hugging Face cache without asking the Hub (offline mode, the Hub unreachable); else None
     cached: str | None = field(default=None, compare=False)
+    # The automatic quant choice's line when it picked this file among several (see _memory.choose); else None
+    chosen: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -30,13 +30,20 @@ def resolve_spec(cfg: ServerConfig, *, progress: Progress | None = None) -> Serv
     """The server spec of ``cfg``: the model resolved (found, or downloaded), with its projector when ``mmproj`` is
     given (checked to be a projector file) or ``vision`` asks for the one beside the model or in its repo.
     ``progress`` gets the download reports."""
+    from .._memory import choose
     from .._models import (  # here: an engine's config is made without the model finder loaded
         ModelRef,
         resolve,
     )
 
     mode = speculative.OFF if cfg.embedding or cfg.rerank else speculative.normalize(cfg.speculative)
-    found = resolve(ModelRef.of(cfg, progress=progress, draft=mode if speculative.is_draft(mode) else None))
+    # Several quants and none named: planned for this server as it would start (context, KV type, workers, the
+    # drafted logits of a speculating server).
+    slots = cfg.n_parallel or 4
+    chooser = choose.chooser(n_ctx=cfg.n_ctx if cfg.n_ctx and cfg.n_ctx > 0 else None, cache_type=cfg.kv_cache_type,
+                             n_outputs=slots * (1 + 64) if mode != speculative.OFF else slots, rpc=cfg.rpc_servers)
+    found = resolve(ModelRef.of(cfg, progress=progress, choose=chooser,
+                                draft=mode if speculative.is_draft(mode) else None))
     resolved = found.model
     draft: Path | None = None
     draft_shards: tuple[Path, ...] = ()
