@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.hf_endpoint import FixtureFiles, HFEndpoint, ensure_fixture_files
-from tests.support.hf_repos import BROKEN, FLAKY, MAIN, ODD, PRIVATE, SPLIT, TOKEN, TRICKY
+from tests.support.hf_repos import AUTO, BROKEN, FLAKY, MAIN, ODD, PRIVATE, SPLIT, TOKEN, TRICKY
 from tests.support.tools import tool_path
 
 
@@ -31,6 +31,7 @@ def endpoint(files: FixtureFiles) -> Iterator[HFEndpoint]:
         "mmproj-model-f16.gguf": files.source,  # a real (small) GGUF standing in for a projector
         "mmproj-model-Q4_K_M.gguf": q["IQ4_XS"],
     })
+    hub.add_repo(AUTO, {f"SmolLM2-135M-Instruct-{k}.gguf": q[k] for k in ("Q2_K", "Q4_K_M", "Q6_K", "Q8_0", "F16")})
     # Names where a substring match picks the wrong file (IQ4_K_M sorts before Q4_K_M, BF16 before F16).
     hub.add_repo(TRICKY, {
         "tricky-BF16.gguf": q["Q8_0"],

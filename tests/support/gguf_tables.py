@@ -15,9 +15,9 @@ from pathlib import Path
 from tests.support.gguf_bytes import STANDINS, encode, gguf, s
 
 # ggml type -> (elements per block, bytes per block)
-F32, F16, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K = 0, 1, 3, 6, 8, 12, 14
-BLOCK = {F32: (1, 4), F16: (1, 2), Q4_1: (32, 20), Q5_0: (32, 22), Q8_0: (32, 34), Q4_K: (256, 144),
-         Q6_K: (256, 210)}
+F32, F16, Q4_1, Q5_0, Q8_0, Q2_K, Q4_K, Q6_K = 0, 1, 3, 6, 8, 10, 12, 14
+BLOCK = {F32: (1, 4), F16: (1, 2), Q4_1: (32, 20), Q5_0: (32, 22), Q8_0: (32, 34), Q2_K: (256, 84),
+         Q4_K: (256, 144), Q6_K: (256, 210)}
 
 Tensor = tuple[str, tuple[int, ...], int]  # name, shape (ggml order), ggml type
 Meta = dict[str, str | bool | int | float | tuple[int, ...]]

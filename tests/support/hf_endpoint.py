@@ -42,7 +42,7 @@ from tests.support.tools import tool_path
 
 # --- fixture files ---------------------------------------------------------------------------------------------
 
-QUANTS = ("Q4_K_M", "IQ4_XS", "Q8_0")
+QUANTS = ("Q4_K_M", "IQ4_XS", "Q8_0", "Q2_K", "Q6_K", "F16")
 SPLIT_MAX_TENSORS = 100  # SmolLM2 has 272 tensors -> 3 shards
 
 

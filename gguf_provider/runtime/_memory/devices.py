@@ -232,7 +232,7 @@ def apply_limits(devices: Sequence[Device], limits: dict[str, int] | None = None
 
 
 def parse_device_arg(text: str) -> Device:
-    """A device the user names as ``KIND:MEMORY`` (``cuda:8GiB``, ``vulkan:1260MiB``, ``metal:24GiB``,
+    """A device the user names as ``KIND:MEMORY`` (``cuda:8GiB``, ``vulkan:2GiB``, ``metal:24GiB``,
     ``cpu:64GiB``; the size as :func:`~gguf_provider.runtime._memory.fit.parse_size` reads it), free = total = MEMORY.
 
     Its name is the kind's llama.cpp prefix, unnumbered (``CUDA``; ``CPU`` for RAM): :func:`number_devices`
@@ -241,7 +241,7 @@ def parse_device_arg(text: str) -> Device:
     kinds = ", ".join(_PREFIX_OF_KIND)
     kind_text, sep, size_text = text.partition(":")
     if not sep or not size_text.strip():
-        raise ValueError(f"a device is KIND:MEMORY (e.g. cuda:8GiB, vulkan:1260MiB, cpu:32GiB), not {text!r}; "
+        raise ValueError(f"a device is KIND:MEMORY (e.g. cuda:8GiB, vulkan:2GiB, cpu:32GiB), not {text!r}; "
                          f"kinds: {kinds}")
     kind = kind_text.strip().lower()
     kind = _KIND_ALIASES.get(kind, kind)
