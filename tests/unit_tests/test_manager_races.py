@@ -209,7 +209,8 @@ class FakeBudget:
 
     def admit(self, header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_layers: int | None,
               memory: Callable[[], fit.MemoryInfo], cache_type: str, draft: GGUFHeader | None,
-              local_share: float, reg: Registry) -> budget_mod.Admission:
+              local_share: float, reg: Registry,
+              cache_ram: Callable[[int], int] | None = None) -> budget_mod.Admission:
         assert self.lock.is_locked, "admission happens under the admission lock"
         if self.evict:
             for key in list(reg.read()):

@@ -17,6 +17,7 @@ from .server_options import (
     cache_type_args,
     check_cache_type,
     embedding_pooling,
+    user_cache_ram,
     user_ubatch,
 )
 
@@ -36,13 +37,17 @@ def api_name(model: Path) -> str:
 def build_argv(spec: ServerSpec, binary: Path, caps: ServerCapabilities, alias: str, n_ctx: int,
                address: Address, api_key_file: Path | None, *, header_pooling: int | None = None,
                placement: tuple[str, ...] = (), slot_save_path: Path | None = None,
-               recurrent: bool = False, threads: int | None = None) -> list[str]:
+               recurrent: bool = False, threads: int | None = None, cache_ram: int | None = None) -> list[str]:
+    """The command line; ``cache_ram``: the host-RAM prompt cache in bytes (``--cache-ram`` in MiB; None: not
+    passed, the build has no such cache or the user set it)."""
     # Two aliases: a build whose --alias takes several names (comma-separated help) answers /v1/models with the
     # first in sort order, the model's name (the marker sorts last); an older one keeps the last, the marker. The
     # marker on the command line is part of the proof that the process is ours (registry.py).
     argv = [*command(binary), "-m", str(spec.model), "--alias", api_name(spec.model), "--alias", alias, "-c",
             str(n_ctx)]
     argv += [flag for flag in (*SAFETY_FLAGS, METRICS_FLAG, SLOTS_FLAG) if caps.supports(flag)]
+    if cache_ram is not None:
+        argv += ["--cache-ram", str(cache_ram >> 20)]
     if address.socket:
         argv += ["--host", address.socket]
     else:
@@ -59,4 +64,4 @@ def build_argv(spec: ServerSpec, binary: Path, caps: ServerCapabilities, alias: 
 
 
 __all__ = ["EMBED_UBATCH_MAX", "METRICS_FLAG", "POOLING_NAMES", "SAFETY_FLAGS", "build_argv", "cache_type_args",
-           "check_cache_type", "embedding_pooling", "user_ubatch"]
+           "check_cache_type", "embedding_pooling", "user_cache_ram", "user_ubatch"]

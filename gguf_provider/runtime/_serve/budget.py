@@ -26,7 +26,7 @@ from ...errors import InsufficientMemoryError, MemoryBudgetWarning
 from .._common import paths
 from .._common.gguf import GGUFHeader
 from .._install import installed
-from .._memory import devices, fit, rpc
+from .._memory import devices, fit, plan, rpc
 from . import registry
 
 LIMIT_ENV = "GGUF_PROVIDER_MEMORY_LIMIT"
@@ -64,13 +64,38 @@ def admission_lock() -> filelock.FileLock:
     return filelock.FileLock(str(d / "admission.lock"), timeout=ADMISSION_TIMEOUT)
 
 
+MiB = 1 << 20
+LLAMA_CACHE_RAM = 8192 * MiB
+"""llama-server's host-RAM prompt cache when no ``--cache-ram`` is given (common.h ``cache_ram_mib``): the bound of
+what it may grow to, per server, and what an explicit ``--cache-ram -1`` (no limit) is charged."""
+PROMPT_RAM_CONTEXTS = 2
+PROMPT_RAM_SHARE = 8
+
+
+def prompt_ram(header: GGUFHeader, n_ctx: int, *, cache_type: str = fit.DEFAULT_CACHE_TYPE, pool: int) -> int:
+    """The host-RAM prompt cache a chat server gets (``--cache-ram``), in whole MiB: its KV cache of
+    :data:`PROMPT_RAM_CONTEXTS` full contexts (saved prompts are KV state: two contexts keep the last few long
+    prompts, or many short ones, for a switch back), at most an eighth of ``pool`` (the budget's limit, else the
+    machine's RAM) and at most llama.cpp's own bound. The budget charges it, so a server's memory adds up."""
+    per = fit.cache_type_bytes(cache_type)
+    kv = fit.kv_cache_bytes(header, n_ctx, type_k_bytes=per, type_v_bytes=per) + fit.recurrent_state_bytes(header)
+    return min(PROMPT_RAM_CONTEXTS * kv, pool // PROMPT_RAM_SHARE, LLAMA_CACHE_RAM) // MiB * MiB
+
+
+def ram_pool() -> int:
+    """What :func:`prompt_ram` takes its share of: the memory limit, else the machine's RAM."""
+    return memory_limit() or int(psutil.virtual_memory().total)
+
+
 def charge(header: GGUFHeader, file_bytes: int, n_ctx: int, *, cache_type: str = fit.DEFAULT_CACHE_TYPE,
            draft: GGUFHeader | None = None) -> int:
     """What a server is charged: its files (weights, mmproj, draft model) and, for the model and its draft, the KV
-    cache at ``n_ctx`` in ``cache_type`` and the recurrent state."""
+    cache at ``n_ctx`` in ``cache_type``, the recurrent state and the compute buffers (as on a CPU, which errs
+    high beside a GPU)."""
     per = fit.cache_type_bytes(cache_type)
     return file_bytes + sum(fit.kv_cache_bytes(h, n_ctx, type_k_bytes=per, type_v_bytes=per)
-                            + fit.recurrent_state_bytes(h) for h in (header, draft) if h is not None)
+                            + fit.recurrent_state_bytes(h) + plan.host_compute_bytes(h, n_ctx)
+                            for h in (header, draft) if h is not None)
 
 
 def rss(pid: int) -> int:
@@ -124,21 +149,23 @@ def holders(data: dict[str, registry.Entry], *, reg: registry.Registry | None = 
 @dataclass(frozen=True)
 class Admission:
     n_ctx: int
-    charge: int
+    charge: int  # the prompt RAM cache included
     evicted: tuple[Holder, ...]
+    cache_ram: int = 0  # the host-RAM prompt cache charged (bytes): what `--cache-ram` gets
 
 
 def admit(header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_layers: int | None,
           memory: Callable[[], fit.MemoryInfo], cache_type: str = fit.DEFAULT_CACHE_TYPE,
           draft: GGUFHeader | None = None, local_share: float = 1.0,
-          reg: registry.Registry | None = None) -> Admission:
+          reg: registry.Registry | None = None, cache_ram: Callable[[int], int] | None = None) -> Admission:
     """Make room for a new server and choose its context (call under :func:`admission_lock`).
 
     ``memory`` reads the free memory now (after evictions). ``file_bytes`` counts every file the server loads (a
     ``draft`` model's too); the KV cache is charged at ``cache_type`` for the model and its draft.
     ``local_share`` is the part of both that stays on this machine (the rest is on RPC workers, which ``memory``
     reports as devices): only that part is charged to the budget. ``reg``: the registry of the servers that count
-    (default: this user's).
+    (default: this user's). ``cache_ram(n_ctx)``: the host-RAM prompt cache the server will hold at that context
+    (charged whole: it is in this machine's RAM); none when None.
     """
     per = fit.cache_type_bytes(cache_type)
 
@@ -162,7 +189,11 @@ def admit(header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_l
         return False
 
     def need(n_ctx: int) -> int:
-        return int(charge(header, file_bytes, n_ctx, cache_type=cache_type, draft=draft) * local_share)
+        return (int(charge(header, file_bytes, n_ctx, cache_type=cache_type, draft=draft) * local_share)
+                + (cache_ram(n_ctx) if cache_ram else 0))
+
+    def admitted(n_ctx: int) -> Admission:
+        return Admission(n_ctx, need(n_ctx), tuple(evicted), cache_ram(n_ctx) if cache_ram else 0)
 
     def refuse(what: str) -> InsufficientMemoryError:
         kept = [h for h in running if h not in evicted]
@@ -200,7 +231,7 @@ def admit(header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_l
             raise refuse(str(exc)) from None
         log.info("budget: %s admitted at n_ctx %d by free memory (%s charged; %d idle server(s) stopped)",
                  header.path.name, result.n_ctx, _mib(need(result.n_ctx)), len(evicted))
-        return Admission(result.n_ctx, need(result.n_ctx), tuple(evicted))
+        return admitted(result.n_ctx)
 
     def used() -> int:
         return sum(h.held for h in running if h not in evicted)
@@ -232,7 +263,7 @@ def admit(header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_l
         n_ctx = min(n_ctx, real.n_ctx)
     log.info("budget: %s admitted at n_ctx %d (%s charged, %s of the %s limit used by others; %d idle server(s) "
              "stopped)", header.path.name, n_ctx, _mib(need(n_ctx)), _mib(used()), _mib(limit), len(evicted))
-    return Admission(n_ctx, need(n_ctx), tuple(evicted))
+    return admitted(n_ctx)
 
 
 def stop_idle(key: str, *, reg: registry.Registry | None = None) -> bool:
@@ -315,9 +346,10 @@ class MemoryBudget:
 
     def admit(self, header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_layers: int | None,
               memory: Callable[[], fit.MemoryInfo], cache_type: str, draft: GGUFHeader | None,
-              local_share: float, reg: registry.Registry) -> Admission:
+              local_share: float, reg: registry.Registry,
+              cache_ram: Callable[[int], int] | None = None) -> Admission:
         return admit(header, file_bytes, requested=requested, n_gpu_layers=n_gpu_layers, memory=memory,
-                                cache_type=cache_type, draft=draft, local_share=local_share, reg=reg)
+                     cache_type=cache_type, draft=draft, local_share=local_share, reg=reg, cache_ram=cache_ram)
 
     def memory(self, binary: Path, workers: Sequence[rpc.WorkerInfo]) -> fit.MemoryInfo:
         return fit_memory(binary, workers)

@@ -180,8 +180,9 @@ class Budget(Protocol):
 
     def admit(self, header: GGUFHeader, file_bytes: int, *, requested: int | None, n_gpu_layers: int | None,
               memory: Callable[[], fit_mod.MemoryInfo], cache_type: str, draft: GGUFHeader | None,
-              local_share: float, reg: registry.Registry) -> budget_mod.Admission:
-        """Make room (evicting idle servers of ``reg``) and choose the context."""
+              local_share: float, reg: registry.Registry,
+              cache_ram: Callable[[int], int] | None = None) -> budget_mod.Admission:
+        """Make room (evicting idle servers of ``reg``) and choose the context; ``cache_ram`` charged too."""
         ...
 
     def memory(self, binary: Path, workers: Sequence[rpc_mod.WorkerInfo]) -> fit_mod.MemoryInfo: ...
@@ -445,7 +446,8 @@ class ServerManager:
                     header, size, requested=spec.n_ctx if spec.n_ctx and spec.n_ctx > 0 else None,
                     n_gpu_layers=spec.n_gpu_layers, memory=lambda: self._budget.memory(binary, workers),
                     cache_type=spec.kv_cache_type, draft=draft,
-                    local_share=local_share(header, spec.n_gpu_layers, workers), reg=self._registry)
+                    local_share=local_share(header, spec.n_gpu_layers, workers), reg=self._registry,
+                    cache_ram=_cache_ram(spec, caps, header))
                 placed = _plan(header, spec, devices, admitted.n_ctx)
                 return self._spawn(key, spec, binary, caps, header.pooling_type, admitted, shared=shared,
                                    keep_alive=keep_alive, start_timeout=start_timeout, progress=progress,
@@ -485,7 +487,8 @@ class ServerManager:
         n_threads, on_cpu = self._threads(spec, placed)
         argv = build_argv(spec, binary, caps, alias, n_ctx, address, api_key_file, header_pooling=header_pooling,
                           placement=tuple(placed.args()) if placed is not None and _places(spec) else (),
-                          slot_save_path=slot_dir, recurrent=recurrent, threads=n_threads)
+                          slot_save_path=slot_dir, recurrent=recurrent, threads=n_threads,
+                          cache_ram=admitted.cache_ram if _passes_cache_ram(spec, caps) else None)
         with open(log_path, "ab") as log:
             log.write(f"# gguf-provider: {' '.join(argv)}\n".encode())
             if why_no_cache:
@@ -664,6 +667,28 @@ def _after_out_of_memory(exc: DeviceOutOfMemoryError, header: GGUFHeader, spec: 
     logger.warning("%s; its log: %s", said, exc.log_path)
     warn(said, MemoryBudgetWarning)
     return smaller
+
+
+def _passes_cache_ram(spec: ServerSpec, caps: discovery.ServerCapabilities) -> bool:
+    """Whether the start passes our ``--cache-ram``: the build has the host-RAM prompt cache and the user did not
+    size it (``server_args``)."""
+    return caps.supports("--cache-ram") and server_options.user_cache_ram(spec.server_args) is None
+
+
+def _cache_ram(spec: ServerSpec, caps: discovery.ServerCapabilities,
+               header: GGUFHeader) -> Callable[[int], int] | None:
+    """What the server's host-RAM prompt cache is charged at a context: the user's ``--cache-ram`` (MiB; -1, no
+    limit, as llama.cpp's default bound), none for embedding and reranking servers (stateless: every request is
+    new) or a build without the cache, else :func:`.budget.prompt_ram`."""
+    if not caps.supports("--cache-ram"):
+        return None
+    user = server_options.user_cache_ram(spec.server_args)
+    if user is not None:
+        return lambda n_ctx: budget_mod.LLAMA_CACHE_RAM if user < 0 else user << 20
+    if spec.embedding or spec.rerank:
+        return lambda n_ctx: 0
+    pool = budget_mod.ram_pool()
+    return lambda n_ctx: budget_mod.prompt_ram(header, n_ctx, cache_type=spec.kv_cache_type, pool=pool)
 
 
 def _prompt_dir(spec: ServerSpec, binary: Path, caps: discovery.ServerCapabilities) -> tuple[Path | None, str]:

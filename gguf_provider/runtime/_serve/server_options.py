@@ -129,6 +129,11 @@ def user_ubatch(server_args: Sequence[str]) -> int | None:
     return threads_mod.int_flag(server_args, "-ub", "--ubatch-size")
 
 
+def user_cache_ram(server_args: Sequence[str]) -> int | None:
+    """The host-RAM prompt cache (``--cache-ram``/``-cram``, MiB; -1 no limit, 0 off) the user set, if any."""
+    return threads_mod.int_flag(server_args, "--cache-ram", "-cram")
+
+
 def cache_type_args(cache_type: str, caps: ServerCapabilities) -> list[str]:
     """``--cache-type-k/-v`` for a type other than the server's default f16; a quantized V cache needs flash
     attention, so it is turned on (``-fa on``, or the bare flag of older builds)."""
