@@ -15,15 +15,16 @@ from gguf_provider.engine import Engine, EngineConfig
 from gguf_provider.runtime._common import gguf
 from gguf_provider.runtime._common.process import free_port
 from tests.integration_tests.test_rpc import QUESTION, Worker
+from tests.support.memory import EXACT, SLACK, buffers
 from tests.support.probs import assert_same_distribution, next_token_probs
 from tests.support.runtime import RuntimeEnv, wait_until
 
 pytestmark = pytest.mark.timeout(300)  # a hang guard: the slowest test takes ~5 s under load; 60x
 MiB = 1 << 20
-# The RPC device's cap: its reserve (64 MiB), a compute buffer, the drafted tokens' logits (speculation is on by
-# default, 49 MiB) and room for a few of SmolLM2's 30 layers with its tied output head (a 28.7 MiB copy of the
+# The RPC device's cap: its reserve (1 GiB, llama.cpp's --fit-target), a compute buffer, the drafted tokens' logits
+# (speculation is on by default, 49 MiB) and room for a few of SmolLM2's 30 layers with its tied output head (a 28.7 MiB copy of the
 # embeddings), so some layers go to it and most stay in RAM.
-CAP = "RPC0=185MiB"
+CAP = "RPC0=1145MiB"
 
 
 @pytest.fixture
@@ -73,6 +74,10 @@ def test_a_model_larger_than_the_device_is_split_between_it_and_ram(
         assert f"offloaded {ngl}/{n_layer + 1} layers to GPU" in log
         (rpc_mib,) = (float(m) for m in re.findall(r"RPC0\[[^\]]*\] model buffer size =\s+([\d.]+) MiB", log))
         assert abs(rpc_mib * MiB - by_name["RPC0"]["weights"]) < 1.5 * MiB, (rpc_mib, by_name["RPC0"])
+        # Its KV cache and compute buffer too, within the bounds of test_memory_real.py.
+        rpc0 = buffers(log)["RPC0"]
+        assert abs(rpc0["kv"] - by_name["RPC0"]["kv"]) <= EXACT, (rpc0, by_name["RPC0"])
+        assert rpc0["compute"] <= by_name["RPC0"]["compute"] <= 1.25 * rpc0["compute"] + SLACK, (rpc0, by_name["RPC0"])
         # (The host's "CPU_Mapped" size is the span of the mapped file from its first to its last host tensor,
         # offloaded tensors between them included, not memory in use: nothing to compare.)
         # The split computes what the single machine computes, within rounding, and answers.

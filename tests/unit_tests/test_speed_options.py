@@ -247,10 +247,10 @@ def test_the_budget_charges_the_cache_type_and_the_draft(tmp_path: Path, monkeyp
     header = read_header(gb.STANDINS["smollm2"].write(tmp_path))
     size = gb.STANDINS["smollm2"].size
     kv = fit.kv_cache_bytes(header, 4096)
-    compute = budget.plan.host_compute_bytes(header, 4096)
-    assert budget.charge(header, size, 4096) == size + kv + compute
-    assert budget.charge(header, size, 4096, cache_type="q8_0") == size + kv * 34 // 64 + compute
-    assert budget.charge(header, 2 * size, 4096, draft=header) == 2 * size + 2 * (kv + compute)
+    compute, own = budget.plan.host_compute_bytes(header, 4096), budget.SERVER_OVERHEAD
+    assert budget.charge(header, size, 4096) == size + kv + compute + own
+    assert budget.charge(header, size, 4096, cache_type="q8_0") == size + kv * 34 // 64 + compute + own
+    assert budget.charge(header, 2 * size, 4096, draft=header) == 2 * size + 2 * (kv + compute) + own
     # Under a fixed limit the automatic context follows the type.
     monkeypatch.setenv(budget.LIMIT_ENV, str(budget.charge(header, size, 2560)))
     monkeypatch.delenv(budget.MAX_MODELS_ENV, raising=False)

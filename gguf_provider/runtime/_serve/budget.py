@@ -68,6 +68,10 @@ MiB = 1 << 20
 LLAMA_CACHE_RAM = 8192 * MiB
 """llama-server's host-RAM prompt cache when no ``--cache-ram`` is given (common.h ``cache_ram_mib``): the bound of
 what it may grow to, per server, and what an explicit ``--cache-ram -1`` (no limit) is charged."""
+SERVER_OVERHEAD = 48 * MiB
+"""What a llama-server process holds beside its buffers: code, heap, thread stacks, the prompt cache's bookkeeping.
+Measured here (SmolLM2): resident memory 5 MiB over its buffers after the load, 6 MiB over buffers and a full prompt
+cache after a dozen distinct long prompts (tests/integration_tests/test_memory_real.py)."""
 PROMPT_RAM_CONTEXTS = 2
 PROMPT_RAM_SHARE = 8
 
@@ -91,9 +95,9 @@ def charge(header: GGUFHeader, file_bytes: int, n_ctx: int, *, cache_type: str =
            draft: GGUFHeader | None = None) -> int:
     """What a server is charged: its files (weights, mmproj, draft model) and, for the model and its draft, the KV
     cache at ``n_ctx`` in ``cache_type``, the recurrent state and the compute buffers (as on a CPU, which errs
-    high beside a GPU)."""
+    high beside a GPU); and the process itself (:data:`SERVER_OVERHEAD`)."""
     per = fit.cache_type_bytes(cache_type)
-    return file_bytes + sum(fit.kv_cache_bytes(h, n_ctx, type_k_bytes=per, type_v_bytes=per)
+    return file_bytes + SERVER_OVERHEAD + sum(fit.kv_cache_bytes(h, n_ctx, type_k_bytes=per, type_v_bytes=per)
                             + fit.recurrent_state_bytes(h) + plan.host_compute_bytes(h, n_ctx)
                             for h in (header, draft) if h is not None)
 
