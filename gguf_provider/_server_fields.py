@@ -147,10 +147,10 @@ class _ModelFields(BaseModel):
         "A Hugging Face repo id (`org/name`), instead of `model`."))
     """A Hugging Face repo id (`org/name`), instead of `model`."""
     quant: str | None = Field(default=None, description=(
-        "The quantization to pick from a repo or directory (e.g. `Q4_K_M`); default (or `auto`): the best "
-        'that fits this machine, planned for each quant (docs/runtime.md, "Which quant").'))
-    """The quantization to pick from a repo or directory (e.g. `Q4_K_M`); default (or `auto`): the best that
-    fits this machine, planned for each quant (docs/runtime.md, "Which quant")."""
+        "The quant to pick (e.g. `Q4_K_M`); default or `auto`: the best that fits this machine "
+        "(docs/runtime.md)."))
+    """The quant to pick (e.g. `Q4_K_M`); default or `auto`: the best that fits this machine
+    (docs/runtime.md)."""
     filename: str | None = Field(default=None, description="The exact `.gguf` file to pick from the repo.")
     """The exact `.gguf` file to pick from the repo."""
     revision: str | None = Field(default=None, description=(

@@ -31,8 +31,7 @@ class ModelSource:
     repo: str | None = _option(None, "A Hugging Face repo id (`org/name`), instead of `model`.")
     # A whole token of the file name, case-insensitive (Hub and models-dir names).
     quant: str | None = _option(None, (
-        "The quantization to pick from a repo or directory (e.g. `Q4_K_M`); default (or `auto`): the best that fits "
-        "this machine, planned for each quant (docs/runtime.md, \"Which quant\")."))
+        "The quant to pick (e.g. `Q4_K_M`); default or `auto`: the best that fits this machine (docs/runtime.md)."))
     filename: str | None = _option(None, "The exact `.gguf` file to pick from the repo.")
     revision: str | None = _option(None, "A Hub branch, tag or commit to pin (default `main`).")
     hf_token: str | bool | None = _option(None, (  # also used for the draft
