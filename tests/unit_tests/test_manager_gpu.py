@@ -119,3 +119,32 @@ def test_a_user_placement_is_not_retried(tmp_path: Path, monkeypatch: pytest.Mon
     with pytest.raises(DeviceOutOfMemoryError):
         w.client().acquire(replace(w.spec("qwen", n_ctx=2048), server_args=("-ngl", "99")))
     assert len(w.launcher.spawned) == 1
+
+
+def test_the_projector_is_planned_on_the_first_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A projector (mmproj) goes to the first GPU with llama.cpp's default `--mmproj-offload`: the plan counts it
+    there, so fewer layers go beside it, and `ps` (the registry's placement) shows its bytes on that device."""
+    from gguf_provider.runtime._serve.server_options import ServerSpec
+    from tests.support.gguf_tables import QWEN_FILE, QWEN_META, qwen_tensors, write_gguf
+
+    w = gpu_world(tmp_path, monkeypatch, 8 * GiB)
+    model = write_gguf(tmp_path / "real" / QWEN_FILE, QWEN_META, qwen_tensors())  # the real table, sparse
+    size = model.stat().st_size
+    vram = plan.FIT_TARGET + plan.compute_bytes(gguf.read_header(model), 2048) + size * 9 // 8
+    w.budget.devices = lambda binary, rpc: [Device("CUDA0", "cuda", "small GPU", vram, vram),  # type: ignore
+                                            Device("CPU", "cpu", "host RAM", 64 * GiB, 64 * GiB)]
+    projector = tmp_path / "mmproj-f16.gguf"
+    with open(projector, "wb") as f:
+        f.truncate(size // 2)
+    from gguf_provider.runtime._install import discovery
+
+    caps = discovery.ServerCapabilities(path="llama-server", version="test", flags={"--mmproj": True})
+    w.installer.capabilities = lambda binary: caps  # type: ignore[method-assign]
+    without = w.client().acquire(ServerSpec(model=model, n_ctx=2048, speculative="off"))
+    alone = ngl(w.launcher.argvs[-1])
+    without.release(stop=True)
+    lease = w.client().acquire(ServerSpec(model=model, n_ctx=2048, speculative="off", mmproj=projector))
+    beside = ngl(w.launcher.argvs[-1])
+    assert alone == 25 and 0 < beside < alone  # the projector takes the room of about half the layers
+    placement = {p["device"]: p for p in w.entry(lease).placement}
+    assert placement["CUDA0"]["bytes"] >= size // 2

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,10 +127,11 @@ class Placement:
     weights: int = 0
     kv: int = 0
     compute: int = 0
+    other: int = 0  # the projector and the draft model, on the first GPU (or in RAM without one)
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv + self.compute
+        return self.weights + self.kv + self.compute + self.other
 
     @property
     def fits(self) -> bool:
@@ -148,7 +149,7 @@ class Placement:
     def to_json(self) -> dict[str, object]:
         return {"device": self.device.to_json(), "layers": list(self.layers), "n_layers": len(self.layers),
                 "output": self.output, "weights": self.weights, "kv": self.kv, "compute": self.compute,
-                "bytes": self.total, "usable": usable(self.device), "fits": self.fits}
+                "other": self.other, "bytes": self.total, "usable": usable(self.device), "fits": self.fits}
 
 
 @dataclass(frozen=True)
@@ -206,7 +207,8 @@ class Plan:
                  f"{'fits' if self.fits else 'does NOT fit'}: {self.reason}"]
         for p in self.placements:
             lines.append(f"  {p.device.name:<8} {p.device.description[:28]:<28} {p.layer_text():<22} "
-                         f"weights {_mib(p.weights)}, KV {_mib(p.kv)}, compute {_mib(p.compute)} = {_mib(p.total)}"
+                         f"weights {_mib(p.weights)}, KV {_mib(p.kv)}, compute {_mib(p.compute)}"
+                         + (f", projector/draft {_mib(p.other)}" if p.other else "") + f" = {_mib(p.total)}"
                          f" of {_mib(usable(p.device))} usable")
         if self.args():
             lines.append(f"  llama-server {' '.join(self.args())} -c {self.n_ctx}")
@@ -278,12 +280,14 @@ class _Tally:
 def place(header: GGUFHeader, sizes: ModelSizes, devices: Sequence[Device], *, n_ctx: int, n_gpu_layers: int,
           n_cpu_moe: int = 0, cache_type: str = fit.DEFAULT_CACHE_TYPE, n_seq: int = 1,
           split: Sequence[float] | None = None, n_outputs: int = 4,
-          use_gpus: bool = True) -> tuple[Placement, ...]:
+          use_gpus: bool = True, other: int = 0) -> tuple[Placement, ...]:
     """Where everything goes for a given context, -ngl and --n-cpu-moe, as llama.cpp's loader places it
-    (``use_gpus=False``: `--device none`, the GPUs hold nothing)."""
+    (``use_gpus=False``: `--device none`, the GPUs hold nothing). ``other``: the projector's and the draft model's
+    bytes, which llama.cpp puts on the first GPU (the projector with `--mmproj-offload`, its default; the draft on
+    the main model's devices), else in RAM."""
     if not use_gpus:
         host_only = place(header, sizes, [d for d in devices if d.kind == "cpu"], n_ctx=n_ctx, n_gpu_layers=0,
-                          cache_type=cache_type, n_seq=n_seq, n_outputs=n_outputs)
+                          cache_type=cache_type, n_seq=n_seq, n_outputs=n_outputs, other=other)
         return (*(Placement(d) for d in devices if d.kind != "cpu"), *host_only)
     gpus = [d for d in devices if d.kind != "cpu"]
     host = next((d for d in devices if d.kind == "cpu"), None) or Device("CPU", "cpu", "host RAM", 0, 0)
@@ -327,13 +331,15 @@ def place(header: GGUFHeader, sizes: ModelSizes, devices: Sequence[Device], *, n
             # (n_ctx 2048) and, speculating, 79.1 MiB (n_ctx 8192; 48.8 MiB of it drafted logits). Counted as the
             # usual buffer and the logits with an eighth more.
             logits = logits_bytes(header, n_outputs) * 9 // 8
-        placements.append(Placement(d, tuple(t.layers), t.output, t.weights, t.kv, compute + logits if holds else 0))
+        placements.append(Placement(d, tuple(t.layers), t.output, t.weights, t.kv, compute + logits if holds else 0,
+                                    other if j == 0 else 0))
     t = tally[-1]
     # The host's compute buffer: small beside a GPU that computes (CUDA_Host: 4-10 MiB on the H200 for SmolLM2),
     # larger when the CPU computes everything (host_compute_bytes).
     on_gpu = any(p.layers or p.output for p in placements)
     placements.append(Placement(host, tuple(t.layers), t.output, t.weights, t.kv,
-                                compute // 4 if on_gpu else host_compute_bytes(header, n_ctx, n_outputs)))
+                                compute // 4 if on_gpu else host_compute_bytes(header, n_ctx, n_outputs),
+                                0 if gpus else other))
     return tuple(placements)
 
 
@@ -347,14 +353,16 @@ def _gpus_fit(placements: Sequence[Placement]) -> bool:
 
 def plan(header: GGUFHeader, sizes: ModelSizes, devices: Sequence[Device], *, n_ctx: int | None = None,
          n_gpu_layers: int | None = None, cache_type: str = fit.DEFAULT_CACHE_TYPE, n_seq: int = 1,
-         model: str | None = None, max_ctx: int | None = None, n_outputs: int = 4) -> Plan:
+         model: str | None = None, max_ctx: int | None = None, n_outputs: int = 4,
+         other: Callable[[int], int] | None = None) -> Plan:
     """Place a model on ``devices`` (GPU-like devices in llama.cpp's order, then ``CPU`` for host RAM).
 
     ``n_ctx`` and ``n_gpu_layers`` are honoured when given (``fits`` then says whether they fit); otherwise they
     are chosen in llama.cpp's fit order (module docstring), the automatic context at most ``max_ctx`` (what the
     memory budget admitted). ``n_outputs``: the tokens whose logits the output device holds (4 slots; a speculating
-    server :data:`SPECULATIVE_OUTPUTS`). Never raises for a model that does not fit: the plan says so (``fits``
-    False, ``reason``) and the caller decides.
+    server :data:`SPECULATIVE_OUTPUTS`). ``other(n_ctx)``: the projector's and draft model's bytes at a context
+    (:func:`place`). Never raises for a model that does not fit: the plan says so (``fits`` False, ``reason``) and
+    the caller decides.
     """
     name = model or header.path.name
     gpus = tuple(d for d in devices if d.kind != "cpu")
@@ -368,7 +376,8 @@ def plan(header: GGUFHeader, sizes: ModelSizes, devices: Sequence[Device], *, n_
 
     def at(ctx: int, ngl: int, moe: int = 0, use_gpus: bool = True) -> tuple[Placement, ...]:
         return place(header, sizes, devices, n_ctx=ctx, n_gpu_layers=ngl, n_cpu_moe=moe, cache_type=cache_type,
-                     n_seq=n_seq, split=split or None, n_outputs=n_outputs, use_gpus=use_gpus)
+                     n_seq=n_seq, split=split or None, n_outputs=n_outputs, use_gpus=use_gpus,
+                     other=other(ctx) if other else 0)
 
     def make(ctx: int, ngl: int, moe: int, why: str) -> Plan:
         placed = at(ctx, ngl, moe)

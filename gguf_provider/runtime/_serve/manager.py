@@ -633,12 +633,31 @@ def _plan(header: GGUFHeader, spec: ServerSpec, devices: Sequence[devices_mod.De
     outputs = slots * (1 + 64) if spec.speculative != speculative_mod.OFF and not spec.embedding else slots
     placed = plan_mod.for_model(header, list(spec.shards or (spec.model,)), devices, n_ctx=requested,
                                 max_ctx=admitted_ctx, n_gpu_layers=spec.n_gpu_layers, cache_type=spec.kv_cache_type,
-                                model=spec.model.name, n_outputs=outputs)
+                                model=spec.model.name, n_outputs=outputs, other=_beside(spec))
     if not placed.fits and requested is None and _places(spec):
         raise InsufficientMemoryError(
             f"{spec.model.name} does not fit: {placed.reason}. Levers: a smaller quant, a quantized KV cache "
             f"(kv_cache_type='q8_0'), an explicit smaller n_ctx; `gguf-provider plan {spec.model}` shows the plan")
     return placed
+
+
+def _beside(spec: ServerSpec) -> Callable[[int], int] | None:
+    """What the server loads beside the model, at a context: the projector file, and the draft model's files, KV
+    cache and compute buffer (planned on the first GPU, as llama.cpp puts them; :func:`.plan.place`)."""
+    projector = spec.mmproj.stat().st_size if spec.mmproj else 0
+    draft = gguf.read_header(spec.draft_model) if spec.draft_model else None
+    draft_files = sum(p.stat().st_size for p in (spec.draft_shards or ([spec.draft_model] if spec.draft_model else [])))
+    if not projector and draft is None:
+        return None
+    per = fit_mod.cache_type_bytes(spec.kv_cache_type)
+
+    def at(n_ctx: int) -> int:
+        if draft is None:
+            return projector
+        return (projector + draft_files + fit_mod.kv_cache_bytes(draft, n_ctx, type_k_bytes=per, type_v_bytes=per)
+                + plan_mod.compute_bytes(draft, n_ctx))
+
+    return at
 
 
 def _after_out_of_memory(exc: DeviceOutOfMemoryError, header: GGUFHeader, spec: ServerSpec,
