@@ -171,3 +171,17 @@ def test_cli_plan_compares_every_quant(quants: Path, capsys: pytest.CaptureFixtu
     rc = cli.main(["plan", str(quants), "--device", "cpu:256MiB", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 1 and out["auto"] is None and len(out["quants"]) == 5
+
+
+def test_gguf_plan_in_a_notebook_compares_every_quant(quants: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from IPython.testing import globalipapp
+
+    shell = globalipapp.start_ipython() or globalipapp.get_ipython()  # type: ignore[no-untyped-call]
+    shell.run_line_magic("load_ext", "gguf_provider")
+    table = shell.run_line_magic("gguf", f"plan {quants} --device cuda:1GiB --device cpu:8GiB")
+    rows = table.rows
+    assert [r["quant"] for r in rows] == ["Q2_K", "Q4_K_M", "Q6_K", "Q8_0", "F16"]
+    assert [r["quant"] for r in rows if r["auto"] == "*"] == [CPU_BEST]
+    assert "| auto | quant |" in table._repr_markdown_() and f"auto: {STEM}: {CPU_BEST} (" in table.footer
+    shell.run_line_magic("gguf", f"plan {quants} --device cpu:8GiB --json")
+    assert json.loads(capsys.readouterr().out)["auto"] == CPU_BEST

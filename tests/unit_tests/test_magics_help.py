@@ -18,10 +18,10 @@ from gguf_provider.errors import GenerationTimeWarning, GGUFProviderError, Serve
 from gguf_provider.events import TextDelta
 from gguf_provider.jupyter import commands
 
-SUBCOMMANDS = ["load", "ps", "devices", "list", "unload", "use", "reset", "history", "config", "log"]
+SUBCOMMANDS = ["load", "ps", "devices", "plan", "list", "unload", "use", "reset", "history", "config", "log"]
 # What each subcommand's --help must name: its arguments and options.
 OPTIONS = {"load": ["SPEC", "--quant", "--as", "--reasoning", "--ctx", "--kv-cache-type"], "ps": [],
-           "devices": ["--rpc"], "list": [], "unload": ["NAME", "--all"], "use": ["NAME"], "reset": ["NAME"],
+           "devices": ["--rpc"], "plan": ["SPEC", "--quant", "--ctx", "--device", "--json"], "list": [], "unload": ["NAME", "--all"], "use": ["NAME"], "reset": ["NAME"],
            "history": ["NAME"], "config": ["--system", "--temperature", "--max-tokens", "--max-time"],
            "log": ["LEVEL"]}
 CELL_OPTIONS = ["NAME", "--system", "--temperature", "--max-tokens", "--max-time", "--no-history", "--output",
