@@ -6,7 +6,7 @@ VENV   := .venv
 VPY    := $(VENV)/bin/python
 CLI    := $(VENV)/bin/gguf-provider
 
-.PHONY: demo test test-loaded unit setup-demo setup-test setup-vulkan test-vulkan bench lint clean-venv
+.PHONY: demo test test-loaded unit setup-demo setup-test setup-vulkan test-vulkan bench bench-gpu-prepare bench-gpu lint clean-venv
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
@@ -80,6 +80,18 @@ bench: $(VENV)/.stamp-bench
 	$(VPY) scripts/test_models.py smollm2 qwen minilm coder15
 	$(VPY) scripts/bench_peers.py minilm
 	$(VPY) bench/run.py
+
+# On a machine with an NVIDIA GPU (issue 51; bench/gpu.py says what and why): one run under 8 minutes that builds
+# the CUDA server and measures the plan against llama.cpp's allocation, P1, P7 and P16 (bench/gpu-results.json, the
+# table in docs/gpu.md). `make bench-gpu-prepare` first, here: it packs bench/gpu-cache/carry/ (~19 MiB: the pinned
+# llama.cpp source, the models' headers, wheels), all that machine gets. `BENCH_GPU_BACKEND=cpu make bench-gpu`:
+# the dry run on this machine's CPU build (~90 s). Without make: `python3 bench/gpu.py run`.
+bench-gpu-prepare: $(VENV)/.stamp-test
+	$(VPY) scripts/test_models.py smollm2 qwen
+	$(VPY) bench/gpu.py prepare
+
+bench-gpu:
+	$(if $(wildcard $(VPY)),$(VPY),$(PYTHON)) bench/gpu.py run
 
 lint: $(VENV)/.stamp-test
 	$(VENV)/bin/ruff check .

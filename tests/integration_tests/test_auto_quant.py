@@ -39,9 +39,11 @@ def _ranges_end_below(asked: list[str], limit: int) -> bool:
 
 
 def test_a_repo_without_a_quant_gets_the_one_this_machine_should_run(
-        hub: HFEndpoint, files: FixtureFiles, capsys: pytest.CaptureFixture[str]) -> None:
+        hub: HFEndpoint, files: FixtureFiles, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
     choose._SAID.clear()
     seen = default().devices()
+    monkeypatch.setenv("GGUF_PROVIDER_HOME", str(tmp_path / "home"))  # no headers kept from an earlier run
     got = default().resolve(ModelRef(AUTO)).model
     gets = _gets(hub)
     assert got.quant in LABELS and got.chosen is not None and got.chosen.startswith(f"{AUTO}: {got.quant} (")
@@ -56,6 +58,10 @@ def test_a_repo_without_a_quant_gets_the_one_this_machine_should_run(
     assert set(gets) == others | {name}
     for other in others:
         assert gets[other] and _ranges_end_below(gets[other], 8 << 20), (other, gets[other])
+    # The headers read are kept (by content hash): the next start asks the Hub for none of them again.
+    hub.requests.clear()
+    again = default().resolve(ModelRef(AUTO)).model
+    assert again.path == got.path and not any(r for v in _gets(hub).values() for r in v if r), _gets(hub)
 
 
 def test_plan_lists_every_quant_and_marks_auto_without_downloading(

@@ -306,7 +306,8 @@ def resolve_hf(spec: Spec, ref: ModelRef, *, force_download: bool = False,
                 if commit and _is_complete_in_cache(storage, commit, f, sizes[f], shas.get(f)) and local.is_file():
                     out += read_tables([local])
                 else:
-                    out.append(read_remote_table(repo, f, revision=commit or revision, size=sizes[f], token=token))
+                    out.append(read_remote_table(repo, f, revision=commit or revision, size=sizes[f], token=token,
+                                                 sha256=shas.get(f)))
             return out
         return read
 

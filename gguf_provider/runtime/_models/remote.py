@@ -8,9 +8,13 @@ for them; a 150k-token vocabulary makes a header of 3-8 MB, so that is what a qu
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
+from pathlib import Path
 
 from ...errors import GGUFFormatError, ModelNotFoundError
+from .._common import paths
 from .._common.gguf import GGUFHeader, TensorInfo, read_table
 
 CHUNK = 1 << 20
@@ -22,12 +26,19 @@ class RangeFile(io.RawIOBase):
     """``repo``'s ``filename`` at ``revision`` as a seekable, read-only file of ``size`` bytes."""
 
     def __init__(self, repo: str, filename: str, *, revision: str | None, size: int,
-                 token: str | bool | None = None) -> None:
+                 token: str | bool | None = None, keep: Path | None = None) -> None:
         from huggingface_hub import hf_hub_url
 
         self.url = hf_hub_url(repo, filename, revision=revision)
         self.size, self.token, self.pos, self.fetched = size, token, 0, 0
         self.name = f"{repo}/{filename}"
+        # ``keep``: where the bytes read from the start are kept (by the file's sha256), so a second choice asks
+        # the Hub nothing
+        self.keep = keep
+        self.prefix = b""
+        if keep is not None:
+            with contextlib.suppress(OSError):
+                self.prefix = keep.read_bytes()[:size]
 
     def readable(self) -> bool:
         return True
@@ -47,7 +58,13 @@ class RangeFile(io.RawIOBase):
         want = min(len(buffer), self.size - self.pos)
         if want <= 0:
             return 0
-        data = self._get(self.pos, self.pos + max(want, CHUNK) - 1)[:want]
+        if self.pos + want <= len(self.prefix):
+            data = self.prefix[self.pos:self.pos + want]
+        else:
+            data = self._get(self.pos, self.pos + max(want, CHUNK) - 1)
+            if self.pos == len(self.prefix):  # read on from the kept bytes: keep these too
+                self.prefix += data
+            data = data[:want]
         buffer[: len(data)] = data
         self.pos += len(data)
         return len(data)
@@ -71,14 +88,35 @@ class RangeFile(io.RawIOBase):
         return bytes(body)
 
 
+    def save(self) -> None:
+        """Keep the bytes read from the start (written whole, then renamed: a reader never sees half)."""
+        if self.keep is None or not self.prefix:
+            return
+        with contextlib.suppress(OSError):
+            self.keep.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.keep.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_bytes(self.prefix)
+            os.replace(tmp, self.keep)
+
+
+def kept(sha256: str | None) -> Path | None:
+    """Where the first bytes of the Hub file with this content hash are kept (``<home>/gguf-headers/``)."""
+    if not sha256 or not all(c in "0123456789abcdef" for c in sha256.lower()):
+        return None
+    return paths.home() / "gguf-headers" / f"{sha256.lower()}.bin"
+
+
 def read_remote_table(repo: str, filename: str, *, revision: str | None, size: int,
-                      token: str | bool | None = None) -> tuple[GGUFHeader, list[TensorInfo]]:
-    """The header and tensor table of a GGUF file on the Hub, by range reads (ModelNotFoundError when the Hub
-    cannot be asked or refuses; GGUFFormatError for a file that is not GGUF)."""
-    f = RangeFile(repo, filename, revision=revision, size=size, token=token)
+                      token: str | bool | None = None, sha256: str | None = None) -> tuple[GGUFHeader, list[TensorInfo]]:
+    """The header and tensor table of a GGUF file on the Hub, by range reads, the bytes kept by the file's
+    ``sha256`` for the next time (ModelNotFoundError when the Hub cannot be asked or refuses; GGUFFormatError for
+    a file that is not GGUF)."""
+    f = RangeFile(repo, filename, revision=revision, size=size, token=token, keep=kept(sha256))
     try:
-        return read_table(f, size, f.name)  # type: ignore[arg-type]
+        table = read_table(f, size, f.name)  # type: ignore[arg-type]
     except (GGUFFormatError, ModelNotFoundError):
         raise
     except Exception as exc:  # the Hub's errors (HTTP, network): the choice cannot be made from here
         raise ModelNotFoundError(f"could not read the header of {f.name} from the Hub: {exc}") from exc
+    f.save()
+    return table
