@@ -185,3 +185,11 @@ def test_gguf_plan_in_a_notebook_compares_every_quant(quants: Path, capsys: pyte
     assert "| auto | quant |" in table._repr_markdown_() and f"auto: {STEM}: {CPU_BEST} (" in table.footer
     shell.run_line_magic("gguf", f"plan {quants} --device cpu:8GiB --json")
     assert json.loads(capsys.readouterr().out)["auto"] == CPU_BEST
+
+
+def test_n_gpu_layers_0_chooses_for_the_cpu(quants: Path) -> None:
+    gpu = named("cuda:8GiB", "cpu:32GiB")
+    on_gpu = choose.chooser(devices=gpu, quiet=True)
+    on_cpu = choose.chooser(devices=gpu, quiet=True, cpu_only=True)
+    files = [_file(o) for o in options(quants)]
+    assert files[on_gpu(STEM, files)[0]].label == "F16" and files[on_cpu(STEM, files)[0]].label == CPU_BEST

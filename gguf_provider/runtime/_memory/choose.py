@@ -257,10 +257,11 @@ def need_error(choice: Choice) -> InsufficientMemoryError:
 
 def chooser(*, n_ctx: int | None = None, cache_type: str = fit.DEFAULT_CACHE_TYPE, n_outputs: int = 4,
             rpc: Sequence[str] = (), devices: Sequence[Device] | None = None,
-            seen: list[Choice] | None = None, quiet: bool = False) -> QuantChooser:
+            seen: list[Choice] | None = None, quiet: bool = False, cpu_only: bool = False) -> QuantChooser:
     """A :class:`~.._models.files.QuantChooser` for this machine's devices (those of the llama-server in use, with
     ``rpc`` workers; or ``devices``): plans each quant, says the choice (:func:`say`), and raises
-    InsufficientMemoryError when none fits. ``seen`` gets each :class:`Choice` made; ``quiet``: only logged."""
+    InsufficientMemoryError when none fits. ``seen`` gets each :class:`Choice` made; ``quiet``: only logged;
+    ``cpu_only``: the GPUs left out (the server will run with ``n_gpu_layers=0``)."""
 
     def choose_one(name: str, files: Sequence[QuantFile]) -> tuple[int, str]:
         options = []
@@ -268,6 +269,8 @@ def chooser(*, n_ctx: int | None = None, cache_type: str = fit.DEFAULT_CACHE_TYP
             tables = f.read()
             options.append(Option(f.label, f.size, tables[0][0], tuple(t for _, ts in tables for t in ts)))
         devs = list(devices) if devices is not None else _machine(rpc)
+        if cpu_only:
+            devs = [d for d in devs if d.kind == "cpu"]
         made = choose(name, options, devs, n_ctx=n_ctx, cache_type=cache_type, n_outputs=n_outputs)
         if seen is not None:
             seen.append(made)

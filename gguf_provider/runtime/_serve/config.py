@@ -41,7 +41,8 @@ def resolve_spec(cfg: ServerConfig, *, progress: Progress | None = None) -> Serv
     # drafted logits of a speculating server).
     slots = cfg.n_parallel or 4
     chooser = choose.chooser(n_ctx=cfg.n_ctx if cfg.n_ctx and cfg.n_ctx > 0 else None, cache_type=cfg.kv_cache_type,
-                             n_outputs=slots * (1 + 64) if mode != speculative.OFF else slots, rpc=cfg.rpc_servers)
+                             n_outputs=slots * (1 + 64) if mode != speculative.OFF else slots, rpc=cfg.rpc_servers,
+                             cpu_only=cfg.n_gpu_layers == 0)
     found = resolve(ModelRef.of(cfg, progress=progress, choose=chooser,
                                 draft=mode if speculative.is_draft(mode) else None))
     resolved = found.model
