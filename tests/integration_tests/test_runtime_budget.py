@@ -75,17 +75,24 @@ def test_a_memory_limit_shrinks_the_automatic_context_with_a_warning(
     header = gguf.read_header(smollm2_path)
     size = smollm2_path.stat().st_size
     assert header.context_length == 8192
-    monkeypatch.setenv(budget.LIMIT_ENV, str(budget.charge(header, size, 4096) + 2**20))  # room for ~4096 tokens
+    limit = budget.charge(header, size, 4096) + 2**20
+
+    def charged(n_ctx: int) -> int:  # the server and the host-RAM prompt cache it is given (--cache-ram)
+        return budget.charge(header, size, n_ctx) + budget.prompt_ram(header, n_ctx, pool=limit)
+
+    expected = max(c for c in range(2048, 8193, fit.CONTEXT_STEP) if charged(c) <= limit)
+    assert 2048 < expected < 4096  # the prompt cache takes its share of the room
+    monkeypatch.setenv(budget.LIMIT_ENV, str(limit))
     engine = _engine(smollm2_path, n_ctx=None)
     with pytest.warns(MemoryBudgetWarning, match=r"shrunk from 8192 to \d+ tokens"):
         info = engine.load()
-    assert 4096 <= info.n_ctx < 4096 + fit.CONTEXT_STEP
+    assert info.n_ctx == expected
     entry = rt.registry()[info.key]
-    assert entry["charge"] == budget.charge(header, size, info.n_ctx) and entry["rss"] > 0
+    assert entry["charge"] == charged(info.n_ctx) and entry["rss"] > 0
     ps = json.loads(rt.gguf_cli("ps", "--json").stdout)
     row = next(r for r in ps["servers"] if r["pid"] == info.pid)
     assert row["charge"] == entry["charge"] and row["memory"] >= row["charge"] and row["last_used"] > 0
-    assert ps["budget"]["limit"] == int(budget.charge(header, size, 4096) + 2**20)
+    assert ps["budget"]["limit"] == limit
     assert ps["budget"]["used"] >= row["memory"] and ps["budget"]["servers"] == 1
     text = rt.gguf_cli("ps").stdout
     assert "memory budget:" in text and "MiB used /" in text and "last used" in text
