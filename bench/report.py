@@ -343,9 +343,10 @@ def write_summary(res: dict[str, Any], path: Path, cfg: Config) -> None:
     ]
     if res.get("merged"):
         mg = res["merged"]
-        names = ", ".join(k.upper() for k in mg["scenarios"] if not k.startswith("p2_"))
-        lines += [f"{names}: later runs of them alone ({mg['part_elapsed_s'] / 60:.0f} min); the rest: the "
-                  f"full run before ({mg['base_elapsed_s'] / 60:.0f} min).", ""]
+        later = [f"{', '.join(k.upper() for k in run['scenarios'] if not k.startswith('p2_'))} "
+                 f"({run['part_elapsed_s'] / 60:.0f} min)" for run in [*mg.get("earlier", []), mg] if run["scenarios"]]
+        lines += [f"Run alone later: {'; '.join(later)}; the rest: the full run ({mg['base_elapsed_s'] / 60:.0f} min).",
+                  ""]
     elif "budget_s" in res:
         lines += [run_time(res), ""]
     lines += [
@@ -485,13 +486,20 @@ SCENARIO_KEYS = ("p1", "p2_replay", "p3", "p4", "p5", "p6", "p7", "p9", "p17", "
 
 
 def merge(base: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
-    """``base`` (a full run) with the scenarios ``part`` (a ``BENCH_ONLY`` run) measured replacing its own; what came
-    from which run is kept in ``merged``."""
+    """``base`` (a full run, or one merged before) with the scenarios ``part`` (a ``BENCH_ONLY`` run) measured
+    replacing its own; what came from which run is kept in ``merged`` (the runs merged before in its ``earlier``)."""
     taken = [k for k in SCENARIO_KEYS if k in part]
     out = {**base, **{k: part[k] for k in taken}}
-    out["versions"] = {**base.get("versions", {}), **part.get("versions", {})}
+    # a part run's "-" (not installed where it ran) does not hide the version the full run had
+    out["versions"] = {**base.get("versions", {}), **{k: v for k, v in part.get("versions", {}).items() if v != "-"}}
     out["merged"] = {"scenarios": taken, "part_machine": part["machine"], "part_elapsed_s": part.get("elapsed_s"),
                      "base_elapsed_s": base.get("elapsed_s"), "base_machine": base["machine"]}
+    if "merged" in base:  # a report merged before: its parts are kept, less the scenarios measured again
+        before = base["merged"]
+        earlier = [*before.get("earlier", []), {k: v for k, v in before.items() if k != "earlier"}]
+        out["merged"]["earlier"] = [{**run, "scenarios": [k for k in run["scenarios"] if k not in taken]}
+                                    for run in earlier]
+        out["merged"]["base_elapsed_s"], out["merged"]["base_machine"] = before["base_elapsed_s"], before["base_machine"]
     return out
 
 

@@ -92,13 +92,17 @@ PEERS = {"p11", "p12", "p13", "p14", "p15", "p16"}
 
 
 def peer_inputs(cfg: Config) -> dict[str, Path]:
-    """The files P11-P16 need: the 1.5B target, our MiniLM GGUF and sentence-transformers' MiniLM folder."""
+    """The files the P11-P16 of ``cfg.only`` need: the 1.5B target (all but P15), our MiniLM GGUF and
+    sentence-transformers' MiniLM folder (P15)."""
     from scripts.bench_peers import ensure_minilm_hf
     from scripts.test_models import ensure
 
-    if not cfg.only & PEERS:
-        return {}
-    return {"coder15": ensure("coder15"), "minilm": ensure("minilm"), "minilm_hf": ensure_minilm_hf()}
+    files: dict[str, Path] = {}
+    if cfg.only & (PEERS - {"p15"}):
+        files["coder15"] = ensure("coder15")
+    if "p15" in cfg.only:
+        files.update(minilm=ensure("minilm"), minilm_hf=ensure_minilm_hf())
+    return files
 
 
 def peer_benches(cfg: Config, at: Callable[[str], Config], small: Path, large: Path, files: dict[str, Path],
@@ -109,7 +113,7 @@ def peer_benches(cfg: Config, at: Callable[[str], Config], small: Path, large: P
 
     if not cfg.only & PEERS:
         return
-    coder = files["coder15"]
+    coder = files.get("coder15", Path())  # absent when P15 runs alone
 
     def short(key: str, rounds: int = 3) -> Config:
         # P13/P14 start fresh processes every round: fewer rounds (their bands are narrow) keep `make bench` in an hour

