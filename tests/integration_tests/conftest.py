@@ -7,8 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from gguf_provider.runtime._common.process import free_port
+from tests.integration_tests.test_rpc import Worker
 from tests.support.hf_endpoint import FixtureFiles, HFEndpoint, ensure_fixture_files
 from tests.support.hf_repos import AUTO, BROKEN, FLAKY, MAIN, ODD, PRIVATE, SPLIT, TOKEN, TRICKY
+from tests.support.runtime import RuntimeEnv
 from tests.support.tools import tool_path
 
 
@@ -72,3 +75,14 @@ def hub(endpoint: HFEndpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(hf_home / "stored_tokens"))
     endpoint.requests.clear()
     return endpoint
+
+
+@pytest.fixture
+def worker(rt: RuntimeEnv) -> Iterator[Worker]:
+    """A local `gguf-provider rpc-worker` (a real non-CPU device to llama.cpp, RPC0) for one test."""
+    w = Worker(free_port())
+    try:
+        w.wait_listening()
+        yield w
+    finally:
+        w.stop()

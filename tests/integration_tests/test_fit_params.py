@@ -12,12 +12,10 @@ allocates (test_gpu_split.py, test_memory_real.py).
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 
 import pytest
 
 from gguf_provider.runtime._common import gguf
-from gguf_provider.runtime._common.process import free_port
 from gguf_provider.runtime._memory import devices, plan
 from gguf_provider.runtime._memory.devices import Device
 from tests.integration_tests.test_rpc import Worker
@@ -26,16 +24,6 @@ from tests.support.tools import tool_path
 
 MiB = 1 << 20
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture
-def worker(rt: RuntimeEnv) -> Iterator[Worker]:
-    w = Worker(free_port())
-    try:
-        w.wait_listening()
-        yield w
-    finally:
-        w.stop()
 
 
 def _fit_params(binary: str, model: str, n_ctx: int, endpoint: str, target_mib: int) -> int:

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 
 import pytest
 
 from gguf_provider.engine import Engine, EngineConfig
 from gguf_provider.runtime._common import gguf
-from gguf_provider.runtime._common.process import free_port
 from tests.integration_tests.test_rpc import QUESTION, Worker
 from tests.support.memory import EXACT, SLACK, buffers
 from tests.support.probs import assert_same_distribution, next_token_probs
@@ -25,16 +23,6 @@ MiB = 1 << 20
 # (speculation is on by default, 49 MiB) and room for a few of SmolLM2's 30 layers with its tied output head (a 28.7 MiB copy of the
 # embeddings), so some layers go to it and most stay in RAM.
 CAP = "RPC0=1145MiB"
-
-
-@pytest.fixture
-def worker(rt: RuntimeEnv) -> Iterator[Worker]:
-    w = Worker(free_port())
-    try:
-        w.wait_listening()
-        yield w
-    finally:
-        w.stop()
 
 
 def test_a_model_larger_than_the_device_is_split_between_it_and_ram(
