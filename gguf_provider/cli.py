@@ -375,11 +375,12 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     from . import gateway
 
     key = gateway.read_key_file(args.api_key_file) if args.api_key_file else None
+    aliases = gateway.Aliases.parse(args.alias, args.aliases)
     options = flags.values(args)
     port = options.pop("port", None)  # with no model, --port is the gateway's (its servers get private sockets)
     settings = gateway.Settings(host=args.host, port=gateway.DEFAULT_PORT if port is None else port, api_key=key,
                                 allow_origins=tuple(args.allow_origin), max_body=args.max_body,
-                                keep_alive=args.keep_alive, server_options=options)
+                                keep_alive=args.keep_alive, server_options=options, aliases=aliases)
 
     def ready(url: str) -> None:
         print(f"gateway at {url} (OpenAI {url}/v1, Anthropic {url}, Ollama {url}); models from "
@@ -725,6 +726,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--keep-alive", type=_number(-1, kind=float), metavar="SECONDS",
                        help="how long a model the gateway started stays loaded once idle (default: "
                             "$GGUF_PROVIDER_KEEP_ALIVE or 300)")
+    serve.add_argument("--alias", action="append", default=[], metavar="PATTERN=MODEL",
+                       help="answer requests for PATTERN (a name or a pattern such as 'claude-*') with MODEL "
+                            "(repeatable; the first match wins)")
+    serve.add_argument("--aliases", metavar="FILE", help="alias rules from a file: one PATTERN=MODEL per line, # "
+                       "comments (after the --alias ones)")
     flags.add_to(serve)  # every llama-server option of a chat model, as ChatGGUF and GGUF take it
     talk = _command(sub, "chat", cmd_chat, "chat with a model in the terminal (streamed replies, /help for commands)")
     talk.add_argument("spec", help="a model: path, name in the models dir, or org/repo[:QUANT]")

@@ -7,12 +7,15 @@ other process, given back when idle and evicted under the memory budget like any
 Each protocol is a module of translation (:mod:`.openai`, :mod:`.anthropic`, :mod:`.ollama`) over the chat layer,
 so what the adapters guarantee holds here too: ``max_tokens`` capped at the context, an over-long prompt refused in
 the protocol's error shape, the loop guard and ``max_time``, tool-call healing, reasoning apart from the answer.
-:mod:`.app` is the Starlette app and its guard (Host, Origin, API key, body size); uvicorn serves it.
+:mod:`.app` is the Starlette app and its guard (Host, Origin, API key, body size); :mod:`.lifeline` ties each
+request to its client (one that leaves cancels its work) and to the gateway's stop; :mod:`.aliases` maps names
+clients ask for to local models; uvicorn serves it.
 """
 
 from __future__ import annotations
 
-from .app import create_app, read_key_file, serve
+from .aliases import Aliases
+from .app import App, create_app, read_key_file, serve
 from .state import DEFAULT_PORT, Settings
 
-__all__ = ["DEFAULT_PORT", "Settings", "create_app", "read_key_file", "serve"]
+__all__ = ["DEFAULT_PORT", "Aliases", "App", "Settings", "create_app", "read_key_file", "serve"]

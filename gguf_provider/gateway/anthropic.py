@@ -24,6 +24,8 @@ from .common import (
     model_name,
     new_id,
     open_events,
+    reading,
+    report,
     streaming,
 )
 
@@ -33,12 +35,27 @@ if TYPE_CHECKING:
 STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "repetition": "max_tokens"}
 ERROR_TYPES = {"not_found": "not_found_error", "bad_request": "invalid_request_error",
                "context_length_exceeded": "invalid_request_error", "overloaded": "overloaded_error",
-               "server_error": "api_error", "internal": "api_error", "unauthorized": "authentication_error",
+               "server_error": "api_error", "internal": "api_error", "unavailable": "api_error", "unauthorized": "authentication_error",
                "forbidden": "permission_error", "too_large": "request_too_large"}
-# Request fields read here, or that have no meaning for a local model; any other goes to llama-server as it is.
-_READ = frozenset({"model", "messages", "system", "max_tokens", "stop_sequences", "stream", "tools", "tool_choice",
-                   "thinking", "metadata", "service_tier", "container", "mcp_servers", "context_management",
-                   "max_time", "loop_guard"})
+# The request fields, each honoured, accepted and ignored, or refused when set (docs/gateway.md has the table).
+# Honoured: read below. A field in none of these sets goes to llama-server as it is (its own sampling fields:
+# temperature, top_p, top_k, min_p, repeat_penalty, ...).
+HONOURED = frozenset({"model", "messages", "system", "max_tokens", "stop_sequences", "stream", "tools", "tool_choice",
+                      "thinking", "output_config", "output_format", "max_time", "loop_guard"})
+# Ignored: they change nothing a local model answers (caching is llama-server's own prompt cache; the context is
+# what the request holds, so context_management's edits are the client's to make).
+IGNORED = frozenset({"metadata", "service_tier", "context_management", "cache_control", "inference_geo"})
+# Refused when set: each would change the answer, and nothing here can do it.
+REFUSED = {"container": "code execution containers run on Anthropic's servers",
+           "mcp_servers": "remote MCP servers are called by Anthropic's servers; connect them in your client"}
+# Content blocks that cannot be honoured: what to send instead.
+_NOT_TAKEN = {"document": "send the document's text as a text block",
+              "search_result": "send the result's text as a text block",
+              "server_tool_use": "server tools are not run here", "web_search_tool_result": "server tools are not "
+              "run here", "web_fetch_tool_result": "server tools are not run here",
+              "code_execution_tool_result": "server tools are not run here",
+              "container_upload": "code execution containers are not run here"}
+EFFORTS = {"low": "low", "medium": "medium", "high": "high", "max": "high"}
 
 
 def error(exc: BaseException) -> JSONResponse:
@@ -47,6 +64,11 @@ def error(exc: BaseException) -> JSONResponse:
 
 def error_body(exc: BaseException) -> dict[str, Any]:
     return {"type": "error", "error": {"type": ERROR_TYPES[kind_of(exc)[1]], "message": message_of(exc)}}
+
+
+def stream_error(exc: BaseException) -> bytes:
+    """The error event that ends a stream already started."""
+    return _event("error", {"error": error_body(exc)["error"]})
 
 
 # --- requests ----------------------------------------------------------------------------------------------------
@@ -60,7 +82,8 @@ def _text(content: Any, where: str) -> str:
         parts = []
         for block in content:
             if not isinstance(block, dict) or block.get("type") != "text":
-                raise BadRequest(f"{where}: only text blocks are taken here, not {_kind(block)}")
+                raise BadRequest(f"{where}: only text blocks are taken here, not {_kind(block)}"
+                                 + _instead(block))
             parts.append(str(block.get("text", "")))
         return "\n".join(parts)
     raise BadRequest(f"{where} must be a string or a list of text blocks")
@@ -68,6 +91,11 @@ def _text(content: Any, where: str) -> str:
 
 def _kind(block: Any) -> str:
     return repr(block.get("type")) if isinstance(block, dict) else type(block).__name__
+
+
+def _instead(block: Any) -> str:
+    hint = _NOT_TAKEN.get(str(block.get("type"))) if isinstance(block, dict) else None
+    return f" ({hint})" if hint else ""
 
 
 def _image(block: dict[str, Any]) -> dict[str, Any]:
@@ -80,14 +108,21 @@ def _image(block: dict[str, Any]) -> dict[str, Any]:
 
 
 def messages(system: Any, given: list[Any]) -> list[dict[str, Any]]:
-    """Anthropic's ``system`` and ``messages`` as OpenAI-shaped messages (tool results become ``tool`` messages)."""
+    """Anthropic's ``system`` and ``messages`` as OpenAI-shaped messages (tool results become ``tool`` messages).
+
+    ``system``-role messages inside ``messages`` (Claude Code sends one after the first user message) join
+    ``system``, in order, as one leading system message: chat templates take a system message first only."""
     out: list[dict[str, Any]] = []
-    if system:
-        out.append({"role": "system", "content": _text(system, "`system`")})
+    systems = [_text(system, "`system`")] if system else []
     for i, m in enumerate(given):
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            raise BadRequest(f"messages[{i}] must be an object whose role is user or assistant")
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
+            raise BadRequest(f"messages[{i}] must be an object whose role is user, assistant or system")
         role, content = m["role"], m.get("content")
+        if role == "system":
+            text = _text(content, f"messages[{i}].content")
+            if text:
+                systems.append(text)
+            continue
         if isinstance(content, str):
             out.append({"role": role, "content": content})
             continue
@@ -114,9 +149,10 @@ def messages(system: Any, given: list[Any]) -> list[dict[str, Any]]:
             elif kind == "thinking" and role == "assistant":
                 reasoning.append(str(block.get("thinking", "")))
             elif kind == "redacted_thinking":
-                continue
+                continue  # encrypted by Anthropic: nothing a local model can read
             else:
-                raise BadRequest(f"messages[{i}]: a {_kind(block)} block is not taken in a {role} message")
+                raise BadRequest(f"messages[{i}]: a {_kind(block)} block is not taken in a {role} message"
+                                 + _instead(block))
         if not parts and not calls and not reasoning:
             continue  # only tool results
         msg: dict[str, Any] = {"role": role}
@@ -129,35 +165,90 @@ def messages(system: Any, given: list[Any]) -> list[dict[str, Any]]:
         if reasoning:
             msg["reasoning_content"] = "\n".join(reasoning)
         out.append(msg)
+    if systems:
+        out.insert(0, {"role": "system", "content": "\n\n".join(systems)})
     return out
 
 
 def tools(given: list[Any] | None) -> list[dict[str, Any]]:
+    """Client tools as OpenAI functions; a server tool (web search, code execution, ...) is refused by name."""
     out = []
-    for t in given or ():
-        if not isinstance(t, dict) or "name" not in t or "input_schema" not in t:
-            raise BadRequest("each tool needs a name and an input_schema (server tools are not served locally)")
+    for i, t in enumerate(given or ()):
+        if not isinstance(t, dict):
+            raise BadRequest(f"tools[{i}] must be an object")
+        if t.get("type") not in (None, "custom"):
+            raise BadRequest(f"tools[{i}] ({t.get('name')!r}) is the server tool {t['type']!r}, which runs on "
+                             "Anthropic's servers; this gateway runs none: leave it out, or declare a client tool "
+                             "with a name and an input_schema")
+        if "name" not in t or "input_schema" not in t:
+            raise BadRequest(f"tools[{i}] needs a name and an input_schema")
         out.append({"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
                                                       "parameters": t["input_schema"]}})
     return out
 
 
+def _tool_choice(choice: dict[str, Any] | None, params: dict[str, Any], has_tools: bool) -> str | None:
+    """Anthropic's ``tool_choice`` (auto, any, tool, none; ``disable_parallel_tool_use``) in the chat layer's form;
+    parallel calls are allowed unless disabled, as Anthropic's API does."""
+    if has_tools:
+        params["parallel_tool_calls"] = not (choice or {}).get("disable_parallel_tool_use", False)
+    if choice is None:
+        return None
+    kind = choice.get("type")
+    if kind == "tool":
+        if not isinstance(choice.get("name"), str) or not choice["name"]:
+            raise BadRequest("`tool_choice` of type tool needs the tool's `name`")
+        return f"name:{choice['name']}"
+    if kind in ("auto", "any", "none"):
+        return chat.normalize_tool_choice(kind)
+    raise BadRequest(f"`tool_choice.type` must be auto, any, tool or none, not {kind!r}")
+
+
+def _reasoning(body: dict[str, Any]) -> tuple[chat.Reasoning, int | None]:
+    """``thinking`` (enabled with a budget, adaptive, disabled) and ``output_config.effort`` (the effort when
+    thinking is on; max is high) as the chat layer's reasoning and budget."""
+    thinking = field(body, "thinking", dict)
+    effort = (field(body, "output_config", dict) or {}).get("effort")
+    if effort is not None and effort not in EFFORTS:
+        raise BadRequest(f"`output_config.effort` must be one of {', '.join(EFFORTS)}, not {effort!r}")
+    if thinking is None:
+        return None, None
+    kind = thinking.get("type")
+    if kind == "disabled":
+        return False, None
+    if kind not in ("enabled", "adaptive"):
+        raise BadRequest(f"`thinking.type` must be enabled, adaptive or disabled, not {kind!r}")
+    budget = thinking.get("budget_tokens") if kind == "enabled" else None
+    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 0):
+        raise BadRequest(f"`thinking.budget_tokens` must be a number of tokens, not {budget!r}")
+    return (EFFORTS[effort] if effort else True), budget
+
+
+def _output_format(body: dict[str, Any]) -> dict[str, Any] | None:
+    """Structured output: ``output_config.format`` (or the older ``output_format``), a JSON schema."""
+    fmt = (field(body, "output_config", dict) or {}).get("format") or field(body, "output_format", dict)
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        raise BadRequest("`output_config.format` must be {\"type\": \"json_schema\", \"schema\": {...}}")
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
+
+
 def chat_request(body: dict[str, Any]) -> chat.ChatRequest:
-    params = {k: v for k, v in body.items() if k not in _READ}
+    for name, why in REFUSED.items():
+        if body.get(name):
+            raise BadRequest(f"`{name}` cannot be honoured by a local model ({why}); leave it out")
+    params = {k: v for k, v in body.items() if k not in HONOURED and k not in IGNORED and k not in REFUSED}
     params["max_tokens"] = field(body, "max_tokens", int, required=True)
     stop = field(body, "stop_sequences", list)
     if stop:
         params["stop"] = stop
-    thinking = field(body, "thinking", dict)
-    reasoning: chat.Reasoning = None
-    budget = None
-    if thinking is not None:
-        reasoning = thinking.get("type") in ("enabled", "adaptive")
-        budget = thinking.get("budget_tokens") if reasoning else None
-    choice = field(body, "tool_choice", dict)
+    reasoning, budget = _reasoning(body)
+    given_tools = tools(field(body, "tools", list))
+    choice = _tool_choice(field(body, "tool_choice", dict), params, bool(given_tools))
     return chat.ChatRequest(
         messages=messages(body.get("system"), field(body, "messages", list, required=True)),
-        tools=tools(field(body, "tools", list)), tool_choice=chat.normalize_tool_choice(choice),
+        tools=given_tools, tool_choice=choice, response_format=_output_format(body),
         params=params, reasoning=reasoning, reasoning_budget=budget,
         loop_guard=field(body, "loop_guard", bool, default=True), max_time=body.get("max_time", "auto"))
 
@@ -229,7 +320,8 @@ async def _sse(events: AsyncIterator[Event], name: str) -> AsyncIterator[bytes]:
             elif isinstance(ev, Usage):
                 usage = ev
     except Exception as exc:  # after the first event: an error event in the stream (the status was sent)
-        yield _event("error", {"error": error_body(exc)["error"]})
+        report(exc, "/v1/messages (streaming)")
+        yield stream_error(exc)
         return
     if block:
         yield _event("content_block_stop", {"index": index})
@@ -241,7 +333,9 @@ async def _sse(events: AsyncIterator[Event], name: str) -> AsyncIterator[bytes]:
 async def create(gw: Gateway, request: Request) -> Response:
     body = await json_body(request)
     name = model_name(body)
-    req = chat_request(body)
+    with reading():
+        req = chat_request(body)
+        req.time_bound  # noqa: B018 - checks max_time now: a bad one is the request's error
     vision = has_media(req.messages)
     if not field(body, "stream", bool, default=False):
         async with gw.pool.use(name, vision=vision) as engine:

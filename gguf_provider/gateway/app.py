@@ -21,7 +21,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..runtime import default as runtime
 from . import anthropic, ollama, openai
-from .common import Refused
+from .common import Refused, report
+from .lifeline import Lifeline
 from .state import DEFAULT_PORT, Gateway, Settings, is_loopback
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,14 @@ def _protocol(path: str) -> Callable[[BaseException], Response]:
     if path.startswith("/v1/messages"):
         return anthropic.error
     return openai.error
+
+
+def _stream_error(path: str, exc: BaseException) -> bytes:
+    if path.startswith("/api/"):
+        return ollama.stream_error(exc)
+    if path.startswith("/v1/messages"):
+        return anthropic.stream_error(exc)
+    return openai.stream_error(exc)
 
 
 class Guard:
@@ -102,8 +111,8 @@ def _route(gw: Gateway, path: str, handler: Handler, error: Callable[[BaseExcept
     async def endpoint(request: Request) -> Response:
         try:
             return await handler(gw, request)
-        except Exception as exc:
-            log.info("gateway: %s %s: %s: %s", request.method, path, type(exc).__name__, exc)
+        except Exception as exc:  # a bug is logged at ERROR with its traceback, and answered 500
+            report(exc, f"{request.method} {path}")
             return error(exc)
 
     return Route(path, endpoint, methods=list(methods))
@@ -151,6 +160,20 @@ def create_app(settings: Settings) -> Starlette:
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
     app.state.gateway = gw
     return app
+
+
+class App:
+    """The gateway's app inside its :class:`~.lifeline.Lifeline`: ``stop()`` ends the requests in flight."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.inner = create_app(settings)
+        self.line = Lifeline(self.inner, lambda path, exc: _protocol(path)(exc), _stream_error)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.line(scope, receive, send)
+
+    def stop(self) -> None:
+        self.line.stop()
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -205,10 +228,16 @@ def serve(settings: Settings, *, on_ready: Callable[[str], None] | None = None) 
     port = sock.getsockname()[1]
     if settings.port == 0:
         settings = Settings(**{**settings.__dict__, "port": port})
-    app = create_app(settings)
+    app = App(settings)
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            app.stop()  # the requests in flight end now (each cancelled, answered in its protocol's shape)
+            await super().shutdown(sockets)
+
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=5,
                             timeout_keep_alive=30)
-    server = uvicorn.Server(config)
+    server = Server(config)
     signal.signal(signal.SIGHUP, lambda *_: server.handle_exit(signal.SIGTERM, None))
     address = url(sock, settings.host)
     with runtime().gateway(address):
@@ -217,5 +246,5 @@ def serve(settings: Settings, *, on_ready: Callable[[str], None] | None = None) 
         server.run(sockets=[sock])
 
 
-__all__ = ["DEFAULT_PORT", "Gateway", "Settings", "create_app", "read_key_file", "serve"]
+__all__ = ["DEFAULT_PORT", "App", "Gateway", "Settings", "create_app", "read_key_file", "serve"]
 

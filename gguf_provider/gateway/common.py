@@ -8,15 +8,17 @@ the errors below become each protocol's error body (``Protocol.error``).
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, contextmanager
 from typing import Any
 
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from ..engine import Engine
 from ..errors import (
@@ -31,6 +33,9 @@ from ..errors import (
     ServerError,
     UnsupportedInputError,
 )
+from .lifeline import Stopping
+
+log = logging.getLogger("gguf_provider.gateway")
 
 
 class BadRequest(Exception):
@@ -49,16 +54,20 @@ class Refused(Exception):
 
 def kind_of(exc: BaseException) -> tuple[int, str]:
     """The HTTP status of ``exc`` and its kind: ``bad_request``, ``not_found``, ``context_length_exceeded``,
-    ``overloaded`` (no memory for the model), ``server_error`` (llama-server failed), ``internal``, or the guard's
-    ``unauthorized``, ``forbidden``, ``too_large``."""
+    ``overloaded`` (no memory for the model), ``server_error`` (llama-server failed), ``unavailable`` (the gateway is
+    stopping), ``internal`` (a bug: any other exception), or the guard's ``unauthorized``, ``forbidden``,
+    ``too_large``. Only typed errors caused by the request are 4xx: a ``ValueError`` is one only when it was raised
+    while the request was read (:func:`reading` makes it a :class:`BadRequest`)."""
     if isinstance(exc, Refused):
         return exc.status, Refused.KINDS[exc.status]
     if isinstance(exc, ModelNotFoundError):
         return 404, "not_found"
     if isinstance(exc, ContextOverflowError):
         return 400, "context_length_exceeded"
-    if isinstance(exc, (BadRequest, ValueError, UnsupportedInputError, MediaFetchError, ModelError)):
+    if isinstance(exc, (BadRequest, UnsupportedInputError, MediaFetchError, ModelError)):
         return 400, "bad_request"
+    if isinstance(exc, Stopping):
+        return 503, "unavailable"
     if isinstance(exc, InsufficientMemoryError):
         return 503, "overloaded"
     if isinstance(exc, APIError):
@@ -69,6 +78,25 @@ def kind_of(exc: BaseException) -> tuple[int, str]:
     if isinstance(exc, GGUFProviderError):
         return 500, "internal"
     return 500, "internal"
+
+
+def report(exc: BaseException, where: str) -> None:
+    """Log a request's failure: a bug (kind ``internal``) at ERROR with its traceback, the rest at INFO."""
+    if kind_of(exc)[1] == "internal":
+        log.error("gateway: %s: unexpected %s", where, type(exc).__name__, exc_info=exc)
+    else:
+        log.info("gateway: %s: %s: %s", where, type(exc).__name__, exc)
+
+
+@contextmanager
+def reading() -> Iterator[None]:
+    """Reading a request into the chat layer's: a ``ValueError`` raised here is the request's (a 400)."""
+    try:
+        yield
+    except BadRequest:
+        raise
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from exc
 
 
 def message_of(exc: BaseException) -> str:
@@ -175,7 +203,21 @@ async def open_events(use: AbstractAsyncContextManager[Engine], start: Callable[
         raise
 
 
+class _Streaming(StreamingResponse):
+    """A streamed reply whose chunks' generator is closed when the reply ends, also when it is cancelled (the
+    client left, the gateway stops): that closes the request to llama-server now, not when the garbage collector
+    gets to it."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            close = getattr(self.body_iterator, "aclose", None)
+            if close is not None:
+                await close()
+
+
 def streaming(chunks: AsyncIterator[bytes], opened: Opened, media_type: str) -> Response:
-    """A streamed reply; the model is given back when it ends, or when the caller leaves before it starts."""
+    """A streamed reply; the model is given back when it ends, or when the caller leaves."""
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return StreamingResponse(chunks, media_type=media_type, headers=headers, background=BackgroundTask(opened.close))
+    return _Streaming(chunks, media_type=media_type, headers=headers, background=BackgroundTask(opened.close))

@@ -27,6 +27,8 @@ from .common import (
     new_id,
     now,
     open_events,
+    reading,
+    report,
     streaming,
 )
 
@@ -41,7 +43,7 @@ _READ = frozenset({"model", "messages", "stream", "stream_options", "tools", "to
 FINISH = {"repetition": "length"}
 ERROR_TYPES = {"not_found": "invalid_request_error", "bad_request": "invalid_request_error",
                "context_length_exceeded": "invalid_request_error", "overloaded": "server_error",
-               "server_error": "server_error", "internal": "server_error", "unauthorized": "invalid_request_error",
+               "server_error": "server_error", "internal": "server_error", "unavailable": "server_error", "unauthorized": "invalid_request_error",
                "forbidden": "invalid_request_error", "too_large": "invalid_request_error"}
 CODES = {"not_found": "model_not_found", "context_length_exceeded": "context_length_exceeded",
          "unauthorized": "invalid_api_key", "forbidden": "forbidden", "too_large": "request_too_large"}
@@ -55,6 +57,11 @@ def error_body(exc: BaseException) -> dict[str, Any]:
     _, kind = kind_of(exc)
     return {"error": {"message": message_of(exc), "type": ERROR_TYPES[kind], "param": None,
                       "code": CODES.get(kind)}}
+
+
+def stream_error(exc: BaseException) -> bytes:
+    """The error event that ends a stream already started."""
+    return f"data: {dumps(error_body(exc))}\n\n".encode()
 
 
 def chat_request(body: dict[str, Any]) -> chat.ChatRequest:
@@ -83,7 +90,9 @@ def _response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
 async def chat_completions(gw: Gateway, request: Request) -> Response:
     body = await json_body(request)
     name = model_name(body)
-    req = chat_request(body)
+    with reading():
+        req = chat_request(body)
+        req.time_bound  # noqa: B018 - checks max_time now: a bad one is the request's error
     vision = has_media(req.messages)
     if not field(body, "stream", bool, default=False):
         async with gw.pool.use(name, vision=vision) as engine:
@@ -164,7 +173,8 @@ async def _sse(events: AsyncIterator[Event], name: str, include_usage: bool) -> 
                 if chunk:
                     yield chunk
     except Exception as exc:  # after the first event: an error event in the stream (the status was sent)
-        yield f"data: {dumps(error_body(exc))}\n\n".encode()
+        report(exc, "/v1/chat/completions (streaming)")
+        yield stream_error(exc)
         return
     if include_usage and out.usage is not None:  # with llama-server's own timings, as llama-server sends them
         tail = head.split(',"choices"', 1)[0]

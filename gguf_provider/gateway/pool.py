@@ -26,6 +26,8 @@ from ..engine import Engine, EngineConfig
 from ..errors import InsufficientMemoryError, ModelNotFoundError, UnsupportedInputError
 from ..media import FetchPolicy
 from ..runtime import default as runtime
+from .aliases import Aliases
+from .common import BadRequest
 
 log = logging.getLogger(__name__)
 Kind = Literal["chat", "embed", "rerank"]
@@ -57,8 +59,9 @@ class ModelPool:
     server it started lives on once no client holds it (None: the runtime's default)."""
 
     def __init__(self, *, server_options: dict[str, Any] | None = None, keep_alive: float | None = None,
-                 hold: float = DEFAULT_HOLD) -> None:
+                 hold: float = DEFAULT_HOLD, aliases: Aliases | None = None) -> None:
         self.server_options = dict(server_options or {})
+        self.aliases = aliases or Aliases()
         self.keep_alive = keep_alive
         self.hold = hold
         self._entries: dict[Key, _Entry] = {}
@@ -81,8 +84,10 @@ class ModelPool:
     @asynccontextmanager
     async def use(self, name: str, kind: Kind = "chat", *, n_ctx: int | None = None, keep_alive: float | None = None,
                   vision: bool = False) -> AsyncIterator[Engine]:
-        """The loaded engine of ``name`` for the body of the ``async with`` (started, shared or reused); ``vision``:
-        with the model's projector (a request with images: the same model without one is another server)."""
+        """The loaded engine of ``name`` (or the model it is an alias of) for the body of the ``async with``
+        (started, shared or reused); ``vision``: with the model's projector (a request with images: the same model
+        without one is another server)."""
+        name = self.aliases.resolve(name)
         if name not in self._confined:  # ModelNotFoundError for what is no model this gateway may serve
             await asyncio.to_thread(runtime().confine, name)  # it looks at the file system: off the loop
             if len(self._confined) > 4096:  # names need not exist: bounded, whatever callers send
@@ -91,7 +96,11 @@ class ModelPool:
         key = (name, kind, n_ctx, vision)
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = _Entry(Engine(self.config(name, kind, n_ctx, vision)), hold=self.hold)
+            try:
+                config = self.config(name, kind, n_ctx, vision)
+            except ValueError as exc:  # an option the request set (num_ctx) that a server cannot take
+                raise BadRequest(str(exc)) from exc
+            entry = self._entries[key] = _Entry(Engine(config), hold=self.hold)
         entry.busy += 1
         try:
             try:
@@ -124,6 +133,7 @@ class ModelPool:
 
     async def unload(self, name: str) -> bool:
         """Give back every lease on ``name`` now (the server stops unless another client holds it)."""
+        name = self.aliases.resolve(name)
         found = [(k, e) for k, e in self._entries.items() if k[0] == name]
         for key, entry in found:
             await self._unload(key, entry, stop=True)
@@ -131,11 +141,12 @@ class ModelPool:
 
     async def close(self) -> None:
         """Give back every lease (the gateway stops): its servers stop now unless another process holds them, as
-        `serve MODEL`'s does at exit."""
+        `serve MODEL`'s does at exit, all at once (each stop is bounded: the prompt cache's save, then SIGTERM and
+        SIGKILL after a grace)."""
         if self._reaper is not None:
             self._reaper.cancel()
-        for key, entry in list(self._entries.items()):
-            await self._unload(key, entry, stop=True, force=True)
+        await asyncio.gather(*(self._unload(key, entry, stop=True, force=True)
+                               for key, entry in list(self._entries.items())))
 
     async def _unload(self, key: Key, entry: _Entry, *, stop: bool = False,
                       force: bool = False) -> None:

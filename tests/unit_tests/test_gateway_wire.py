@@ -11,14 +11,14 @@ import pytest
 from starlette.testclient import TestClient
 
 from gguf_provider.errors import ModelNotFoundError
-from gguf_provider.gateway import DEFAULT_PORT, Settings, anthropic, create_app, ollama, openai
+from gguf_provider.gateway import DEFAULT_PORT, App, Settings, anthropic, ollama, openai
 from gguf_provider.gateway.common import BadRequest
 from gguf_provider.runtime import default as runtime
 
 
 def client(**settings: Any) -> TestClient:
     settings.setdefault("port", 11480)
-    return TestClient(create_app(Settings(**settings)), base_url=f"http://127.0.0.1:{settings['port']}")
+    return TestClient(App(Settings(**settings)), base_url=f"http://127.0.0.1:{settings['port']}")
 
 
 def test_cli_default_port_is_the_gateways() -> None:
@@ -136,7 +136,7 @@ def test_anthropic_messages_become_openai_messages() -> None:
     req = anthropic.chat_request({"model": "m", "max_tokens": 7, "messages": [{"role": "user", "content": "x"}],
                                   "thinking": {"type": "enabled", "budget_tokens": 64}, "stop_sequences": ["END"],
                                   "tool_choice": {"type": "any"}, "tools": [{"name": "f", "input_schema": {}}]})
-    assert req.params == {"max_tokens": 7, "stop": ["END"]}
+    assert req.params == {"max_tokens": 7, "stop": ["END"], "parallel_tool_calls": True}
     assert req.reasoning is True and req.reasoning_budget == 64 and req.tool_choice == "required"
     assert req.tools == [{"type": "function", "function": {"name": "f", "description": "", "parameters": {}}}]
     with pytest.raises(BadRequest, match="document"):
