@@ -324,39 +324,96 @@ async def embed(gw: Gateway, request: Request) -> Response:
                          "prompt_eval_count": 0})
 
 
-def _details(info: dict[str, Any]) -> dict[str, Any]:
-    return {"parent_model": "", "format": "gguf", "family": info.get("architecture") or "",
-            "families": [info["architecture"]] if info.get("architecture") else None,
-            "parameter_size": info.get("parameter_size") or "", "quantization_level": info.get("quant") or ""}
+def _details(facts: dict[str, Any]) -> dict[str, Any]:
+    """Ollama's ``details`` from the runtime's identify of a file ({}: not known)."""
+    arch = facts.get("architecture") or ""
+    families = [arch, "clip"] if arch and facts.get("projector") else [arch] if arch else None
+    return {"parent_model": "", "format": "gguf", "family": arch, "families": families,
+            "parameter_size": facts.get("parameter_size") or "", "quantization_level": facts.get("quant") or ""}
 
 
 async def tags(gw: Gateway, request: Request) -> Response:
-    listed = await gw.model_list()
+    """Every model the gateway can serve, with its file's digest (the same for each name of one file: clients
+    group by it) and header details."""
+    listed = await gw.model_list(identify=True)
     return JSONResponse({"models": [{"name": m.name, "model": m.name, "modified_at": m.modified, "size": m.size,
-                                     "digest": m.digest, "details": _details({"quant": m.quant})} for m in listed]})
+                                     "digest": m.digest, "details": _details(m.facts or {"quant": m.quant})}
+                                    for m in listed]})
 
 
 async def show(gw: Gateway, request: Request) -> Response:
+    """What a model is: its header's details and metadata (``model_info``), its template, and ``capabilities``:
+    ``embedding`` (an embedder: its header sets a pooling; a reranker's rank pooling is neither), else
+    ``completion``, ``tools`` (its chat template takes tools), ``thinking`` (a family of families.py that thinks,
+    or a ``<think>`` / ``enable_thinking`` in its template), ``vision`` (a projector fit for it beside it)."""
+    from .. import families
+
     body = await json_body(request)
     name = name_of(body)
     info = await gw.model_info(name)
-    capabilities = ["embedding"] if info.get("pooling") else ["completion", "tools"]
-    if info.get("thinking"):
-        capabilities.append("thinking")
+    facts = info.get("identity") or {}
+    template = facts.get("chat_template") or ""
+    capabilities = []
+    if facts.get("pooling") not in (None, 0):
+        capabilities = ["embedding"] if facts.get("pooling") != 4 else []
+    else:
+        capabilities.append("completion")
+        if "tools" in template:
+            capabilities.append("tools")
+        family = families.detect(template)
+        if (family.thinking != "none" if family is not None else
+                any(m in template for m in ("<think>", "enable_thinking", "reasoning_content"))):
+            capabilities.append("thinking")
+        if facts.get("projector"):
+            capabilities.append("vision")
     return JSONResponse({"modelfile": "", "parameters": "", "template": info.get("chat_template") or "",
-                         "details": _details(info), "model_info": info.get("metadata", {}),
+                         "details": _details(facts), "model_info": facts.get("metadata") or info.get("metadata", {}),
                          "capabilities": capabilities, "modified_at": info.get("modified")})
 
 
 async def ps(gw: Gateway, request: Request) -> Response:
-    """The models the gateway holds now, and until when (in use: a year from now, as Ollama says "for ever")."""
+    """The model files the gateway holds a server for now (one entry per file, however many names or servers it
+    is held under), until when (in use: a year from now, as Ollama says "for ever"), and how much of it sits on a
+    GPU-like device (``size_vram``: its servers' placement; 0 when all is in RAM)."""
+    from ..runtime import default as runtime
+    from .state import DIGEST_WAIT
+
+    held = gw.pool.loaded()
+    infos = [h.engine.info for h in held]
+    files = list(dict.fromkeys(i.model for i in infos))
+
+    def servers() -> dict[str, dict[str, int]]:
+        """Our servers by id: ``size`` (the memory counted for it: weights, projector, KV cache) and ``vram``
+        (what its placement put on devices other than the CPU)."""
+        return {s.id: {"size": s.charge, "vram": sum(int(p.get("bytes") or 0) for p in s.placement
+                                                     if not str(p.get("device") or "CPU").upper().startswith("CPU"))}
+                for s in runtime().status().servers}
+
+    found, rows = await asyncio.gather(asyncio.to_thread(lambda: runtime().identify(files, wait=DIGEST_WAIT)),
+                                       asyncio.to_thread(servers))
+    by_file: dict[str, dict[str, Any]] = {}
+    for h, info in zip(held, infos, strict=True):
+        facts = found[files.index(info.model)] or {}
+        key = facts.get("digest") or info.model
+        row = rows.get(info.key[:12], {})
+        until = min(h.until, time.time() + 365 * 86400)
+        entry = by_file.get(key)
+        if entry is None:
+            by_file[key] = entry = {
+                "name": h.name, "model": h.name, "size": 0, "digest": facts.get("digest") or "",
+                "details": _details(facts), "size_vram": 0, "context_length": 0, "expires_at": until, "_servers": set()}
+        if info.key not in entry["_servers"]:  # two names sharing one server count it once
+            entry["_servers"].add(info.key)
+            entry["size"] += row.get("size") or _size(info.model)
+            entry["size_vram"] += row.get("vram", 0)
+        entry["context_length"] = max(entry["context_length"], h.engine.n_ctx)
+        entry["expires_at"] = max(entry["expires_at"], until)
     out = []
-    for held in gw.pool.loaded():
-        info = held.engine.info
-        until = min(held.until, time.time() + 365 * 86400)
-        out.append({"name": held.name, "model": held.name, "size": _size(info.model), "digest": "",
-                    "details": _details({}), "size_vram": 0, "context_length": held.engine.n_ctx,
-                    "expires_at": datetime.fromtimestamp(until, timezone.utc).isoformat().replace("+00:00", "Z")})
+    for entry in by_file.values():
+        entry.pop("_servers")
+        entry["expires_at"] = datetime.fromtimestamp(entry["expires_at"], timezone.utc).isoformat().replace(
+            "+00:00", "Z")
+        out.append(entry)
     return JSONResponse({"models": out})
 
 

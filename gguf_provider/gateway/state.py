@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -47,12 +48,17 @@ def is_loopback(host: str) -> bool:
 
 @dataclass(frozen=True)
 class Listed:
-    """A model the gateway can serve, as /v1/models and /api/tags list it."""
+    """A model the gateway can serve, as /v1/models and /api/tags list it. ``path`` is its file (shard 1), ""
+    when unknown; ``digest`` and ``facts`` (the runtime's :meth:`~gguf_provider.runtime.Runtime.identify`) are
+    there only when the listing was asked to identify its models."""
 
     name: str
     size: int
     quant: str | None
     mtime: float
+    path: str = ""
+    digest: str = ""  # "sha256:<hex>", the same for every name of one file; "": not identified
+    facts: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def created(self) -> int:
@@ -62,11 +68,12 @@ class Listed:
     def modified(self) -> str:
         return datetime.fromtimestamp(self.mtime, timezone.utc).isoformat().replace("+00:00", "Z")
 
-    @property
-    def digest(self) -> str:
-        return ""
-
     owner = "gguf-provider"
+
+
+# Seconds a listing waits, in all, for the digests being hashed; past it a file answers its provisional digest
+# for the rest of this process (the runtime's rule: runtime/_models/identity.py).
+DIGEST_WAIT = 3.0
 
 
 class Gateway:
@@ -77,8 +84,12 @@ class Gateway:
         self.pool = ModelPool(server_options=settings.server_options, keep_alive=settings.keep_alive,
                               hold=settings.hold)
 
-    async def model_list(self) -> list[Listed]:
-        """The models dirs and the Hugging Face cache, then any loaded model not among them."""
+    async def model_list(self, *, identify: bool = False) -> list[Listed]:
+        """The models dirs and the Hugging Face cache, then any loaded model not among them; ``identify``: with
+        each file's digest and header facts (read in a worker thread, digests waited for :data:`DIGEST_WAIT`
+        seconds in all)."""
+        loaded = [(held.name, held.engine.info.model) for held in self.pool.loaded()]
+
         def scan() -> list[Listed]:
             out = []
             for m in runtime().models():
@@ -86,22 +97,33 @@ class Gateway:
                     mtime = m.path.stat().st_mtime
                 except OSError:
                     continue
-                out.append(Listed(m.name, m.size_bytes, m.quant, mtime))
-            return out
+                out.append(Listed(m.name, m.size_bytes, m.quant, mtime, str(m.path)))
+            names = {m.name for m in out}
+            for name, path in loaded:
+                if name not in names:
+                    names.add(name)
+                    try:
+                        st = os.stat(path)
+                    except OSError:
+                        out.append(Listed(name, 0, None, 0.0, path))
+                    else:
+                        out.append(Listed(name, st.st_size, None, st.st_mtime, path))
+            if not identify:
+                return out
+            found = runtime().identify([m.path for m in out], wait=DIGEST_WAIT)
+            return [replace(m, quant=m.quant or f["quant"], digest=f["digest"], facts=f) if f else m
+                    for m, f in zip(out, found, strict=True)]
 
-        listed = await asyncio.to_thread(scan)
-        names = {m.name for m in listed}
-        for held in self.pool.loaded():
-            if held.name not in names:
-                names.add(held.name)
-                listed.append(Listed(held.name, 0, None, 0.0))
-        return listed
+        return await asyncio.to_thread(scan)
 
     async def model_info(self, name: str) -> dict[str, Any]:
+        """What ``name`` is (the runtime's describe), with its file's header facts (the runtime's identify, without
+        the digest) under ``identity``."""
         def describe() -> dict[str, Any]:
             runtime().confine(name)
             info = runtime().describe(name)
             info["modified"] = datetime.fromtimestamp(info["modified"], timezone.utc).isoformat().replace("+00:00", "Z")
+            info["identity"] = runtime().identify([info["path"]], digest=False)[0] or {}
             return info
 
         return await asyncio.to_thread(describe)

@@ -18,6 +18,8 @@ from ._common.progress import Progress
 from ._serve.health import DEFAULT_START_TIMEOUT
 
 if TYPE_CHECKING:
+    import os
+
     import httpx
 
     from ._install.backend import InUse
@@ -66,7 +68,7 @@ class ModelPlan:
 class Runtime:
     """One front door to the runtime (thread-safe). Servers: :meth:`acquire` / :meth:`aacquire` (a lease on a
     healthy server), :meth:`attach`, :meth:`spec`, :meth:`status`, :meth:`stop`, :meth:`gateway`. Models: :meth:`resolve`,
-    :meth:`pull`, :meth:`models`, :meth:`describe`, :meth:`confine`. llama-server: :meth:`find_binary`, :meth:`binary`, :meth:`install`,
+    :meth:`pull`, :meth:`models`, :meth:`describe`, :meth:`identify`, :meth:`confine`. llama-server: :meth:`find_binary`, :meth:`binary`, :meth:`install`,
     :meth:`server_info`, :meth:`capabilities`, :meth:`backend`. Memory: :meth:`devices`, :meth:`plan`.
     ``manager`` (tests: one with fake collaborators) defaults to the process's."""
 
@@ -188,6 +190,43 @@ class Runtime:
                 "architecture": header.architecture, "name": header.name, "context_length": header.context_length,
                 "pooling": header.pooling_type not in (None, 0), "chat_template": header.chat_template,
                 "modified": model.path.stat().st_mtime, "metadata": scalars}
+
+    def identify(self, files: Sequence[str | os.PathLike[str]], *, wait: float = 0.0,
+                 digest: bool = True) -> list[dict[str, Any] | None]:
+        """Who each model file is, for clients that group and show models (Ollama's tags, show and ps), None for a
+        path that is no file: ``digest`` (``sha256:<hex>``, the same for every name of one file; "" when not asked),
+        ``architecture``, ``parameter_count``, ``parameter_size`` (``"494.03M"``), ``quant`` (the header's type,
+        else the name's), ``context_length``, ``pooling``, ``chat_template``, ``projector`` (a fitting mmproj
+        beside it, or None), ``metadata`` (the header's scalars, short arrays, ``general.parameter_count``). A
+        digest not known yet is hashed in the background, waited for ``wait`` seconds in all; the rule then is
+        :mod:`._models.identity`'s. Reads files: call it off the event loop."""
+        from ._memory.choose import quant_type
+        from ._models import identity
+        from ._models.files import parse_quant
+
+        given = [Path(f) for f in files]
+        sums = identity.digests().many(given, wait=wait) if digest else [""] * len(given)
+        out: list[dict[str, Any] | None] = []
+        for path, sha in zip(given, sums, strict=True):
+            try:
+                facts = identity.facts(path)
+            except OSError:
+                out.append(None)
+                continue
+            if sha is None:
+                out.append(None)
+                continue
+            header = facts.header
+            mmproj = None if header is None or facts.embedder else identity.projector(path, header.embedding_length)
+            out.append({"path": str(path), "digest": sha, "architecture": header.architecture if header else "",
+                        "name": header.name if header else None, "parameter_count": facts.parameter_count,
+                        "parameter_size": identity.parameter_size(facts.parameter_count) if facts.parameter_count
+                        else "", "quant": (quant_type(header) if header else None) or parse_quant(path.name),
+                        "context_length": header.context_length if header else None,
+                        "pooling": header.pooling_type if header else None,
+                        "chat_template": header.chat_template if header else None,
+                        "projector": str(mmproj) if mmproj else None, "metadata": dict(facts.metadata)})
+        return out
 
     def models(self) -> list[LocalModel]:
         """The GGUF models on this machine: the models dirs, then the Hugging Face cache."""
