@@ -126,6 +126,16 @@ def rows(res: dict[str, Any]) -> list[Row]:
         add("P20 stream tok/s, gateway ÷ its llama-server, wall clock only", "raw httpx", p["tps_wall_ratio"], 3)
         add("P20 TTFT, gateway − its llama-server, server time taken out", "raw httpx", p["ttft_extra_ms"], 1, " ms")
         add("P20 TTFT, gateway − its llama-server, wall clock only", "raw httpx", p["ttft_wall_extra_ms"], 1, " ms")
+    if "p21" in res:
+        p = res["p21"]
+        add("P21 Claude Code's requests: TTFT, gateway − its llama-server, server prompt time taken out",
+            "/v1/messages", p["ttft_extra_ms"], 1, " ms")
+        add("P21 Claude Code's requests: TTFT, gateway − its llama-server, wall clock only", "/v1/messages",
+            p["ttft_wall_extra_ms"], 1, " ms")
+        add("P21 Claude Code's second request: prompt tokens evaluated ÷ its prompt tokens", "gateway",
+            p["prompt_ratio"], 4)
+        add("P21 Claude Code's second request: prompt tokens evaluated ÷ its prompt tokens", "llama-server",
+            p["prompt_ratio_direct"], 4)
     for metric, what, summ, digits, unit in peer_rows(res):
         add(metric, what, summ, digits, unit)
     if "p6" in res:
@@ -296,6 +306,13 @@ def write_markdown(res: dict[str, Any], path: Path, cfg: Config) -> None:
                   f"gguf-provider's threads {p['threads']['small']} for {p['small']} (started first) and "
                   f"{p['threads']['large']} for {p['large']}, `GOMP_SPINCOUNT={p['spin']}`; alone with llama.cpp's "
                   f"defaults {tps['small']['median']:.1f} and {tps['large']['median']:.1f} tok/s (median)."]
+    if "p21" in res:
+        p = res["p21"]
+        cold = ", ".join(f"{who} {c[0]['input_tokens']} and {c[1]['input_tokens']} tokens (read cold in "
+                         f"{c[0]['prompt']:.0f} s and {c[1]['prompt']:.0f} s)" for who, c in p["cold"].items())
+        lines += ["", f"P21 ({p['model']}, `--ctx {p['n_ctx']}`, replies of {p['max_tokens']} tokens, {p['rounds']} "
+                  f"rounds, {p['fixtures']}): the two requests' prompts: {cold}; the second request evaluated "
+                  f"{p['evaluated']['gateway']} tokens through the gateway, {p['evaluated']['direct']} straight."]
     for line in peer_notes(res):
         lines += ["", line]
     path.write_text("\n".join(lines) + "\n")
@@ -481,7 +498,7 @@ def write_docs(res: dict[str, Any], md_path: Path, png_path: Path, cfg: Config, 
     write_chart(res, png_path)
 
 
-SCENARIO_KEYS = ("p1", "p2_replay", "p3", "p4", "p5", "p6", "p7", "p9", "p17", "p18", "p19", "p20", "p11", "p11_defaults", "p12",
+SCENARIO_KEYS = ("p1", "p2_replay", "p3", "p4", "p5", "p6", "p7", "p9", "p17", "p18", "p19", "p20", "p21", "p11", "p11_defaults", "p12",
                  "p13", "p14", "p14_coder", "p15", "p16")
 
 
