@@ -31,6 +31,8 @@ from .common import (
     kind_of,
     message_of,
     open_events,
+    reading,
+    report,
     streaming,
 )
 
@@ -55,6 +57,11 @@ _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, 
 
 def error(exc: BaseException) -> JSONResponse:
     return JSONResponse({"error": message_of(exc)}, status_code=kind_of(exc)[0])
+
+
+def stream_error(exc: BaseException) -> bytes:
+    """The error line that ends a stream already started."""
+    return (dumps({"error": message_of(exc)}) + "\n").encode()
 
 
 def name_of(body: dict[str, Any]) -> str:
@@ -249,7 +256,8 @@ async def _lines(events: AsyncIterator[Event], name: str, started: float, genera
             elif isinstance(ev, Timings):
                 done.timings = ev.data
     except Exception as exc:  # after the first line: an error line (the status was sent)
-        yield (dumps({"error": message_of(exc)}) + "\n").encode()
+        report(exc, "/api/chat" if not generate else "/api/generate")
+        yield stream_error(exc)
         return
     if calls and not generate:
         message = {"role": "assistant", "content": "", "tool_calls": _calls([calls[i] for i in sorted(calls)])}
@@ -288,7 +296,8 @@ async def _reply(gw: Gateway, body: dict[str, Any], request: chat.ChatRequest, n
 
 async def chat_(gw: Gateway, request: Request) -> Response:
     body = await json_body(request)
-    req, n_ctx = chat_request(body, messages(field(body, "messages", list, default=[])))
+    with reading():
+        req, n_ctx = chat_request(body, messages(field(body, "messages", list, default=[])))
     return await _reply(gw, body, req, n_ctx, generate=False)
 
 
@@ -302,7 +311,8 @@ async def generate(gw: Gateway, request: Request) -> Response:
     if prompt:
         images = _images(body.get("images"), "request")
         given.append({"role": "user", "content": [{"type": "text", "text": prompt}, *images] if images else prompt})
-    req, n_ctx = chat_request(body, given)
+    with reading():
+        req, n_ctx = chat_request(body, given)
     return await _reply(gw, body, req, n_ctx, generate=True)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..runtime import Progress
 from ..runtime import default as runtime
+from .aliases import Aliases
 from .pool import DEFAULT_HOLD, ModelPool
 
 DEFAULT_PORT = 11480  # not Ollama's 11434, nor llama-server's 8080
@@ -30,6 +31,7 @@ class Settings:
     keep_alive: float | None = None  # a started server's life once no client holds it (None: the runtime's)
     hold: float = DEFAULT_HOLD
     server_options: dict[str, Any] = field(default_factory=dict)
+    aliases: Aliases = field(default_factory=Aliases)  # names clients ask for -> local models (aliases.py)
 
     def __post_init__(self) -> None:
         if not is_loopback(self.host) and not self.api_key:
@@ -82,7 +84,7 @@ class Gateway:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.pool = ModelPool(server_options=settings.server_options, keep_alive=settings.keep_alive,
-                              hold=settings.hold)
+                              hold=settings.hold, aliases=settings.aliases)
 
     async def model_list(self, *, identify: bool = False) -> list[Listed]:
         """The models dirs and the Hugging Face cache, then any loaded model not among them; ``identify``: with

@@ -297,7 +297,7 @@ def test_relative_links_resolve(page: Path) -> None:
     assert not broken, broken
 
 
-WORD_BUDGET = 15_000  # issue 35: README + docs/ + CHANGELOG a reader gets through; method and history: bench/NOTES.md
+WORD_BUDGET = 17_000  # issue 35, raised by issue 61 for the gateway, LoRA, audio and distributed pages: README + docs/ + CHANGELOG a reader gets through; method and history: bench/NOTES.md
 
 
 def test_the_docs_stay_within_their_word_budget() -> None:
