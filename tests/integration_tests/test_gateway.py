@@ -35,6 +35,11 @@ WEATHER_TOOL = {"type": "function", "function": {
 CALL_SCHEMA = {"type": "object", "properties": {"name": {"const": "get_weather"}, "arguments": {
     "type": "object", "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 20}},
     "required": ["city"]}}, "required": ["name", "arguments"]}
+# Stream-vs-whole comparisons: both computed from scratch (a cached prompt can change greedy text,
+# tests/integration_tests/test_prompt_cache.py), or, where a protocol cannot say so (Ollama), the reply constrained.
+NO_CACHE = {"cache_prompt": False}
+ONE_COLOUR = {"type": "object", "properties": {"colour": {"const": "red"}}, "required": ["colour"],
+              "additionalProperties": False}
 # A 1x1 PNG (red).
 PNG = base64.b64encode(bytes.fromhex(
     "89504e470d0a1a0a0000000d4948445200000001000000010802000000907753de0000000c49444154789c63f8cfc000000301"
@@ -63,12 +68,14 @@ def openai_client(gw: GatewayProc) -> Any:
 def test_openai_sdk_chat_stream_and_whole_agree(gw: GatewayProc) -> None:
     client = openai_client(gw)
     messages = [{"role": "user", "content": "Name three colours."}]
-    whole = client.chat.completions.create(model=SMOL, messages=messages, temperature=0, max_tokens=24)
+    whole = client.chat.completions.create(model=SMOL, messages=messages, temperature=0, max_tokens=24,
+                                           extra_body=NO_CACHE)
     assert whole.object == "chat.completion" and whole.model == SMOL
     assert whole.choices[0].finish_reason in ("stop", "length")
     assert whole.usage is not None and whole.usage.completion_tokens > 0
     chunks = list(client.chat.completions.create(model=SMOL, messages=messages, temperature=0, max_tokens=24,
-                                                 stream=True, stream_options={"include_usage": True}))
+                                                 stream=True, stream_options={"include_usage": True},
+                                                 extra_body=NO_CACHE))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content  # greedy, one server: the same reply
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
@@ -112,12 +119,13 @@ def test_openai_sdk_forced_tool_call_streamed(gw: GatewayProc) -> None:
     client = openai_client(gw)
     messages = [{"role": "user", "content": "What's the weather in Paris?"}]
     whole = client.chat.completions.create(model=QWEN, messages=messages, tools=[WEATHER_TOOL],
-                                           tool_choice="required", temperature=0)
+                                           tool_choice="required", temperature=0, extra_body=NO_CACHE)
     call = whole.choices[0].message.tool_calls[0]
     assert call.function.name == "get_weather" and isinstance(json.loads(call.function.arguments)["city"], str)
     assert whole.choices[0].finish_reason == "tool_calls"
     chunks = list(client.chat.completions.create(model=QWEN, messages=messages, tools=[WEATHER_TOOL],
-                                                 tool_choice="required", temperature=0, stream=True))
+                                                 tool_choice="required", temperature=0, stream=True,
+                                                 extra_body=NO_CACHE))
     parts = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or ()]
     assert parts[0].function.name == "get_weather" and parts[0].id
     assert json.loads("".join(p.function.arguments or "" for p in parts)) == json.loads(call.function.arguments)
@@ -202,7 +210,8 @@ def test_rerank_endpoint(gw: GatewayProc) -> None:
 def test_langchain_chat_openai_and_embeddings(gw: GatewayProc) -> None:
     from langchain_openai import ChatOpenAI, OpenAIEmbeddings
 
-    llm = ChatOpenAI(model=SMOL, base_url=f"{gw.url}/v1", api_key="unused", temperature=0, max_tokens=20)  # type: ignore[arg-type]
+    llm = ChatOpenAI(model=SMOL, base_url=f"{gw.url}/v1", api_key="unused", temperature=0, max_tokens=20,  # type: ignore[arg-type]
+                     extra_body=NO_CACHE)
     whole = llm.invoke("Name a fruit.")
     streamed = "".join(str(c.content) for c in llm.stream("Name a fruit."))
     assert whole.content and streamed == whole.content
@@ -225,7 +234,7 @@ def test_llama_index_openai_like(gw: GatewayProc) -> None:
     from llama_index.llms.openai_like import OpenAILike
 
     llm = OpenAILike(model=SMOL, api_base=f"{gw.url}/v1", api_key="unused", is_chat_model=True, temperature=0,
-                     max_tokens=20, context_window=N_CTX)
+                     max_tokens=20, context_window=N_CTX, additional_kwargs={"extra_body": NO_CACHE})
     whole = llm.chat([ChatMessage(role="user", content="Name a fruit.")])
     streamed = "".join(r.delta or "" for r in llm.stream_chat([ChatMessage(role="user", content="Name a fruit.")]))
     assert whole.message.content and streamed == whole.message.content
@@ -246,14 +255,14 @@ def anthropic_client(gw: GatewayProc) -> Any:
 def test_anthropic_sdk_create_and_stream_agree(gw: GatewayProc) -> None:
     client = anthropic_client(gw)
     messages = [{"role": "user", "content": "Name three colours."}]
-    whole = client.messages.create(model=SMOL, max_tokens=24, messages=messages, extra_body=GREEDY,
+    whole = client.messages.create(model=SMOL, max_tokens=24, messages=messages, extra_body={**GREEDY, **NO_CACHE},
                                    system="You are terse.")
     assert whole.type == "message" and whole.role == "assistant"
     assert whole.stop_reason in ("end_turn", "max_tokens")
     (block,) = whole.content
     assert block.type == "text" and block.text
     assert whole.usage.output_tokens > 0 and whole.usage.input_tokens > 0
-    with client.messages.stream(model=SMOL, max_tokens=24, messages=messages, extra_body=GREEDY,
+    with client.messages.stream(model=SMOL, max_tokens=24, messages=messages, extra_body={**GREEDY, **NO_CACHE},
                                 system="You are terse.") as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
@@ -302,7 +311,8 @@ def test_anthropic_sdk_count_tokens_and_errors(gw: GatewayProc) -> None:
 def test_langchain_chat_anthropic(gw: GatewayProc) -> None:
     from langchain_anthropic import ChatAnthropic
 
-    llm = ChatAnthropic(model=SMOL, base_url=gw.url, api_key="unused", temperature=0, max_tokens=20)  # type: ignore[call-arg,arg-type]
+    llm = ChatAnthropic(model=SMOL, base_url=gw.url, api_key="unused", temperature=0, max_tokens=20,  # type: ignore[call-arg,arg-type]
+                        model_kwargs={"extra_body": NO_CACHE})
     whole = llm.invoke("Name a fruit.")
     streamed = "".join(c.text for c in llm.stream("Name a fruit."))
     assert whole.text and streamed == whole.text
@@ -321,15 +331,18 @@ def ollama_client(gw: GatewayProc) -> Any:
 
 
 def test_ollama_client_chat_stream_and_whole_agree(gw: GatewayProc) -> None:
+    """Ollama's options have no ``cache_prompt``, so the reply is constrained to one value (a schema with a
+    ``const``): the streamed pieces must make the same JSON as the whole reply, whatever the prompt cache did."""
     client = ollama_client(gw)
-    messages = [{"role": "user", "content": "Name three colours."}]
+    messages = [{"role": "user", "content": "Name a colour."}]
     options = {"temperature": 0, "num_predict": 24}
-    whole = client.chat(model=SMOL, messages=messages, options=options, stream=False)
+    whole = client.chat(model=SMOL, messages=messages, options=options, stream=False, format=ONE_COLOUR)
     assert whole.done and whole.done_reason in ("stop", "length") and whole.message.content
     assert whole.eval_count and whole.prompt_eval_count
-    parts = list(client.chat(model=SMOL, messages=messages, options=options, stream=True))
+    parts = list(client.chat(model=SMOL, messages=messages, options=options, stream=True, format=ONE_COLOUR))
     assert parts[-1].done and not any(p.done for p in parts[:-1])
-    assert "".join(p.message.content or "" for p in parts) == whole.message.content
+    assert json.loads("".join(p.message.content or "" for p in parts)) == json.loads(whole.message.content) == \
+        {"colour": "red"}
     gen = client.generate(model=SMOL, prompt="Name three colours.", options=options, stream=False)
     assert gen.done and gen.response
 
@@ -388,10 +401,10 @@ def test_ollama_tool_call_and_structured_output(gw: GatewayProc) -> None:
 def test_langchain_chat_ollama_and_embeddings(gw: GatewayProc) -> None:
     from langchain_ollama import ChatOllama, OllamaEmbeddings
 
-    llm = ChatOllama(model=SMOL, base_url=gw.url, temperature=0, num_predict=20)
-    whole = llm.invoke("Name a fruit.")
-    streamed = "".join(str(c.content) for c in llm.stream("Name a fruit."))
-    assert whole.content and streamed == whole.content
+    llm = ChatOllama(model=SMOL, base_url=gw.url, temperature=0, num_predict=24, format=ONE_COLOUR)
+    whole = llm.invoke("Name a colour.")  # constrained: see test_ollama_client_chat_stream_and_whole_agree
+    streamed = "".join(str(c.content) for c in llm.stream("Name a colour."))
+    assert json.loads(streamed) == json.loads(str(whole.content)) == {"colour": "red"}
     tools = ChatOllama(model=QWEN, base_url=gw.url, temperature=0, format=CALL_SCHEMA)
     msg = tools.bind_tools([WEATHER_TOOL]).invoke("What's the weather in Paris?")
     assert [tc["name"] for tc in msg.tool_calls] == ["get_weather"]
