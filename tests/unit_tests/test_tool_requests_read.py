@@ -1,0 +1,57 @@
+"""The requests real tools sent (tests/fixtures/tools/, recorded from Claude Code, opencode and aider), read by the
+gateway's translation offline: every top-level field is one the gateway declares honoured or ignored, none is
+refused, and what the tool asked for reaches the chat layer (the replay against a real gateway:
+tests/integration_tests/tools/test_tool_fixtures.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gguf_provider.gateway import anthropic, openai
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "tools"
+RECORDED = sorted(FIXTURES.glob("*/*.json"))
+# Sampling fields llama-server takes as they are (passed on by both protocols).
+SAMPLING = {"temperature", "top_p", "top_k"}
+
+
+def load(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def test_every_tool_was_recorded() -> None:
+    assert {p.parent.name for p in RECORDED} >= {"claude", "opencode", "aider"}
+
+
+@pytest.mark.parametrize("path", [p for p in RECORDED if load(p)["path"] == "/v1/messages"], ids=lambda p: p.stem)
+def test_claude_codes_requests_are_read_field_by_field(path: Path) -> None:
+    body = load(path)["body"]
+    unknown = set(body) - anthropic.HONOURED - anthropic.IGNORED - SAMPLING
+    assert not unknown, f"fields the gateway does not declare: {unknown}"
+    assert not set(body) & set(anthropic.REFUSED)
+    req = anthropic.chat_request(body)
+    # one leading system message: `system` and the system-role messages Claude Code puts inside `messages`
+    roles = [m["role"] for m in req.messages]
+    assert roles[0] == "system" and "system" not in roles[1:]
+    inside = [m for m in body["messages"] if m["role"] == "system"]
+    assert inside and all(m["content"] in req.messages[0]["content"] for m in inside)
+    assert len(req.tools) == len(body["tools"]) and req.params["max_tokens"] == body["max_tokens"]
+    assert req.params["parallel_tool_calls"] is True
+    assert req.reasoning == ("high" if body.get("output_config", {}).get("effort") == "high" else True)
+    assert not set(req.params) & (anthropic.IGNORED | anthropic.HONOURED - {"max_tokens"})
+    results = [b for m in body["messages"] if isinstance(m["content"], list) for b in m["content"]
+               if b.get("type") == "tool_result"]
+    assert len([m for m in req.messages if m["role"] == "tool"]) == len(results)
+
+
+@pytest.mark.parametrize("path", [p for p in RECORDED if load(p)["path"] == "/v1/chat/completions"],
+                         ids=lambda p: f"{p.parent.name}-{p.stem}")
+def test_openai_clients_requests_are_read(path: Path) -> None:
+    body = load(path)["body"]
+    req = openai.chat_request(body)
+    assert req.messages == body["messages"] and len(req.tools) == len(body.get("tools", []))
+    assert not set(req.params) - SAMPLING - {"max_tokens"}, req.params
