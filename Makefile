@@ -28,6 +28,7 @@ setup-demo: $(VENV)/.stamp-demo
 setup-test: $(VENV)/.stamp-test
 	$(CLI) server install
 	$(VPY) scripts/test_models.py all
+	$(VPY) scripts/test_tools.py all
 	$(VPY) scripts/old_llama_server.py
 
 demo: setup-demo
