@@ -50,9 +50,9 @@ def test_replayed_request_is_answered_in_its_protocol(tools_gw: GatewayProc, pat
     the same cores: aider's (~700 prompt tokens, an unbounded reply of ~160 tokens) 43 s with the server's start;
     opencode's title request (553 tokens) 16 s, its agent request (7,306 tokens) 331 s (22 tokens/s read), its second
     turn (7,328) 205 s read whole, when the fixtures' generated texts still differed between turns (fixed since:
-    it shares the first turn's prefix now); Claude Code's first request (17,595 tokens by count_tokens; 18,792 with the tools' own texts) had
-    read 12,288 tokens after 795 s (30 tokens/s at first, 15 at the end: attention grows with the context) and did
-    not finish in 840 s. Unloaded, FIELD-NOTES §14 measured Claude Code's whole run at 4.5 min."""
+    it shares the first turn's prefix now); Claude Code's first request (17,643 input tokens; 18,792 with the tools' own texts)
+    859 s (50 tokens/s read at first, 22 at the end: attention grows with the context), its second turn 9.7 s (the
+    prefix from the cache). Unloaded, FIELD-NOTES §14 measured Claude Code's whole run at 4.5 min."""
     fixture = load(path)
     body = fixture["body"]
     if isinstance(body, dict) and "max_tokens" in body:
