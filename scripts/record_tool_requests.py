@@ -339,6 +339,8 @@ class Scrubber:
         """Our strings stay; in a string that holds one of ours, only the rest is replaced."""
         if not re.search(r"[A-Za-z]", text) or text in self.ours:  # no words: punctuation, numbers, nothing
             return text
+        if text.startswith("x-anthropic-billing-header:"):  # Claude Code's billing tag: a tag, not prose
+            return text
         for mine in sorted(self.ours, key=len, reverse=True):
             if mine in text:
                 head, _, tail = text.partition(mine)

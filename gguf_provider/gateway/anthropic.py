@@ -107,13 +107,25 @@ def _image(block: dict[str, Any]) -> dict[str, Any]:
     raise BadRequest(f"an image's source must be base64 or url, not {source.get('type')!r}")
 
 
+# Claude Code's first system block: Anthropic's billing tag, not an instruction; it changes with each prompt, so as
+# the prompt's first tokens it would keep llama-server's prompt cache from reusing the long prefix after it.
+_BILLING = "x-anthropic-billing-header:"
+
+
+def _billed(system: Any) -> Any:
+    """``system`` without Claude Code's billing block."""
+    if isinstance(system, list):
+        return [b for b in system if not (isinstance(b, dict) and str(b.get("text", "")).startswith(_BILLING))]
+    return system
+
+
 def messages(system: Any, given: list[Any]) -> list[dict[str, Any]]:
     """Anthropic's ``system`` and ``messages`` as OpenAI-shaped messages (tool results become ``tool`` messages).
 
     ``system``-role messages inside ``messages`` (Claude Code sends one after the first user message) join
     ``system``, in order, as one leading system message: chat templates take a system message first only."""
     out: list[dict[str, Any]] = []
-    systems = [_text(system, "`system`")] if system else []
+    systems = [_text(_billed(system), "`system`")] if system else []
     for i, m in enumerate(given):
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
             raise BadRequest(f"messages[{i}] must be an object whose role is user, assistant or system")
@@ -267,8 +279,16 @@ def message_body(done: Completion, name: str) -> dict[str, Any]:
     u = done.usage
     return {"id": new_id("msg_"), "type": "message", "role": "assistant", "model": name, "content": content,
             "stop_reason": STOP.get(done.finish_reason or "stop", "end_turn"), "stop_sequence": None,
-            "usage": {"input_tokens": u.prompt_tokens if u else 0, "output_tokens": u.completion_tokens if u else 0,
-                      "cache_read_input_tokens": u.cached_tokens if u else 0}}
+            "usage": usage_body(u)}
+
+
+def usage_body(u: Usage | None) -> dict[str, int]:
+    """Anthropic's usage: ``input_tokens`` are those read for this request, the cached prefix apart (the prompt is
+    their sum, as Anthropic counts it)."""
+    if u is None:
+        return {"input_tokens": 0, "output_tokens": 0, "cache_read_input_tokens": 0}
+    return {"input_tokens": u.prompt_tokens - u.cached_tokens, "output_tokens": u.completion_tokens,
+            "cache_read_input_tokens": u.cached_tokens}
 
 
 def _input(arguments: str) -> Any:
@@ -325,8 +345,7 @@ async def _sse(events: AsyncIterator[Event], name: str) -> AsyncIterator[bytes]:
         return
     if block:
         yield _event("content_block_stop", {"index": index})
-    yield _event("message_delta", {"delta": {"stop_reason": stop, "stop_sequence": None}, "usage": {
-        "input_tokens": usage.prompt_tokens if usage else 0, "output_tokens": usage.completion_tokens if usage else 0}})
+    yield _event("message_delta", {"delta": {"stop_reason": stop, "stop_sequence": None}, "usage": usage_body(usage)})
     yield _event("message_stop", {})
 
 

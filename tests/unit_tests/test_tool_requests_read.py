@@ -43,6 +43,7 @@ def test_claude_codes_requests_are_read_field_by_field(path: Path) -> None:
     assert req.params["parallel_tool_calls"] is True
     assert req.reasoning == ("high" if body.get("output_config", {}).get("effort") == "high" else True)
     assert not set(req.params) & (anthropic.IGNORED | anthropic.HONOURED - {"max_tokens"})
+    assert not req.messages[0]["content"].startswith("x-anthropic-billing-header")  # its billing tag dropped
     results = [b for m in body["messages"] if isinstance(m["content"], list) for b in m["content"]
                if b.get("type") == "tool_result"]
     assert len([m for m in req.messages if m["role"] == "tool"]) == len(results)
@@ -55,3 +56,13 @@ def test_openai_clients_requests_are_read(path: Path) -> None:
     req = openai.chat_request(body)
     assert req.messages == body["messages"] and len(req.tools) == len(body.get("tools", []))
     assert not set(req.params) - SAMPLING - {"max_tokens"}, req.params
+
+
+def test_claude_codes_turns_share_their_system_prompt() -> None:
+    """Its billing tag (the first system block) changes with each prompt; dropped, the next turn's system prompt is
+    the first's, so llama-server's prompt cache reuses the long prefix (bench P21)."""
+    first, second = (anthropic.chat_request(load(p)["body"]) for p in RECORDED
+                     if load(p)["path"] == "/v1/messages")
+    tags = [load(p)["body"]["system"][0]["text"] for p in RECORDED if load(p)["path"] == "/v1/messages"]
+    assert tags[0] != tags[1] and all(t.startswith("x-anthropic-billing-header:") for t in tags)
+    assert first.messages[0] == second.messages[0]
