@@ -18,6 +18,7 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -37,8 +38,13 @@ MAX_OUTPUT = 512  # each tool's own bound on a reply's tokens
 
 
 def workspace(tmp_path: Path) -> tuple[Path, Path]:
-    work, home = tmp_path / "work", tmp_path / "home"
-    work.mkdir()
+    """A fresh project dir at a fixed path (the tools put it in their prompts, before their tools: a path that
+    changed each run would keep the prompt cache of the last run from being reused), and a private home."""
+    import shutil
+
+    work, home = Path(tempfile.gettempdir()) / f"gguf-provider-tool-{os.getuid()}" / "work", tmp_path / "home"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
     home.mkdir()
     (work / "notes.txt").write_text(NOTES)
     return work, home
