@@ -162,17 +162,23 @@ def test_a_client_leaving_mid_prompt_cancels_the_servers_work(gw: GatewayProc, s
     assert took <= speed.bound, f"the server read on for {took:.1f} s after its client left: {gw.log()}"
 
 
-@pytest.mark.parametrize("protocol", ["openai-chat", "anthropic", "openai-completions"])
-def test_a_client_leaving_mid_stream_stops_the_generation(gw: GatewayProc, speed: Speed, protocol: str) -> None:
-    """After a few streamed tokens of a reply asked to run long (ignore_eos): the slot is idle within the bound."""
+def long_stream(gw: GatewayProc, protocol: str, marker: bytes, count: int) -> tuple[socket.socket, bytes]:
+    """A streamed reply asked to run long (``ignore_eos``), read until ``marker`` came ``count`` times."""
     path, make = REQUESTS[protocol]
-    proc = server(gw)
     sock = raw_request(gw.url, path, {**make("Count from one to a thousand.", 4000, True), "ignore_eos": True})
     got = b""
-    while got.count(b"data:") < 5:
+    while got.count(marker) < count:
         chunk = sock.recv(65536)
         assert chunk, got
         got += chunk
+    return sock, got
+
+
+@pytest.mark.parametrize("protocol", ["openai-chat", "anthropic", "openai-completions"])
+def test_a_client_leaving_mid_stream_stops_the_generation(gw: GatewayProc, speed: Speed, protocol: str) -> None:
+    """After a few streamed tokens of a reply asked to run long (ignore_eos): the slot is idle within the bound."""
+    proc = server(gw)
+    sock, got = long_stream(gw, protocol, b"data:", 5)
     assert got.startswith(b"HTTP/1.1 200")
     sock.close()
     took = idle_after(proc, 60)
@@ -252,13 +258,7 @@ def test_a_gateway_told_to_stop_ends_requests_in_prompt_processing(smollm2_path:
 def test_a_gateway_told_to_stop_mid_stream_ends_the_stream_with_an_error_event(smollm2_path: Path) -> None:
     """A stream that has started gets the protocol's error event (Anthropic's ``event: error``) and ends."""
     with gateway(smollm2_path.parent, *ARGS) as gw:
-        path, make = REQUESTS["anthropic"]
-        sock = raw_request(gw.url, path, {**make("Count from one to a thousand.", 4000, True), "ignore_eos": True})
-        got = b""
-        while got.count(b"content_block_delta") < 3:
-            chunk = sock.recv(65536)
-            assert chunk, got
-            got += chunk
+        sock, got = long_stream(gw, "anthropic", b"event: content_block_delta", 2)
         gw.proc.send_signal(signal.SIGTERM)
         got += _rest(sock)
         gw.proc.wait(STOP_BOUND)
