@@ -312,7 +312,8 @@ def write_markdown(res: dict[str, Any], path: Path, cfg: Config) -> None:
                          f"{c[0]['prompt']:.0f} s and {c[1]['prompt']:.0f} s)" for who, c in p["cold"].items())
         lines += ["", f"P21 ({p['model']}, `--ctx {p['n_ctx']}`, replies of {p['max_tokens']} tokens, {p['rounds']} "
                   f"rounds, {p['fixtures']}): the two requests' prompts: {cold}; the second request evaluated "
-                  f"{p['evaluated']['gateway']} tokens through the gateway, {p['evaluated']['direct']} straight."]
+                  f"{'/'.join(map(str, sorted(set(p['evaluated']['gateway']))))} tokens in every round through the gateway, "
+                  f"{'/'.join(map(str, sorted(set(p['evaluated']['direct']))))} straight."]
     for line in peer_notes(res):
         lines += ["", line]
     path.write_text("\n".join(lines) + "\n")

@@ -40,7 +40,9 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,8 @@ FIXTURES = (ROOT / "tests" / "fixtures" / "tools" / "claude-code", ROOT / "tests
 MAX_TOKENS = 8
 TTFT_PAIRS = 3  # pairs of each request a round, for its TTFT difference (a median of 2 × TTFT_PAIRS)
 N_CTX = 65536  # two ~18,700-token conversations (one a path, if their prompts differ) in the unified KV cache
+KEEP_ALIVE = 86400  # s
+READ_TIMEOUT = 7200  # s: a cold read of the prefix at one thread
 DROP_HEADERS = {"host", "content-length", "connection", "accept-encoding"}
 
 
@@ -183,7 +187,9 @@ def bench_claude_replay(cfg: Config, model: Path) -> dict[str, Any]:
     first, second = load_requests()
     bodies = [{**r["body"], "model": model.stem, "max_tokens": MAX_TOKENS, "stream": True, "temperature": 0}
               for r in (first, second)]
-    env = dict(os.environ, GGUF_PROVIDER_MODELS=str(model.parent), GGUF_PROVIDER_KEEP_ALIVE="600")
+    # keep_alive: the server outlives the gateway's hold while a straight request runs, the cold read (tens of
+    # minutes on a loaded 2-core machine) included; stopped at the end
+    env = dict(os.environ, GGUF_PROVIDER_MODELS=str(model.parent), GGUF_PROVIDER_KEEP_ALIVE=str(KEEP_ALIVE))
     proc = subprocess.Popen([sys.executable, "-m", "gguf_provider.cli", "serve", "--port", "0", "--ctx", str(N_CTX),
                              "--speculative", "off", "--threads", str(cfg.threads)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
@@ -193,7 +199,9 @@ def bench_claude_replay(cfg: Config, model: Path) -> dict[str, Any]:
         proc.kill()
         raise RuntimeError(f"P21: the gateway did not start: {line}{proc.stdout.read()}")
     url = line.split()[2]
-    gw = httpx.Client(base_url=url, timeout=1800)
+    said: deque[str] = deque(maxlen=40)  # the gateway's output, read on so its pipe never fills
+    threading.Thread(target=lambda: said.extend(proc.stdout or ()), daemon=True).start()
+    gw = httpx.Client(base_url=url, timeout=READ_TIMEOUT)
     try:
         # loads the model (a short request: the cold read of the long prefix comes once the server is pinned)
         gw.post("/v1/messages", json={"model": model.stem, "max_tokens": 1,
@@ -205,10 +213,10 @@ def bench_claude_replay(cfg: Config, model: Path) -> dict[str, Any]:
             os.sched_setaffinity(tid, pinning["client_cores"])
         headers = {"Authorization": f"Bearer {server['key']}", "x-api-key": server["key"]} if server["key"] else {}
         if server["socket"]:
-            direct = httpx.Client(base_url="http://llama-server", timeout=1800, headers=headers,
+            direct = httpx.Client(base_url="http://llama-server", timeout=READ_TIMEOUT, headers=headers,
                                   transport=httpx.HTTPTransport(uds=server["socket"]))
         else:
-            direct = httpx.Client(base_url=server["url"], timeout=1800, headers=headers)
+            direct = httpx.Client(base_url=server["url"], timeout=READ_TIMEOUT, headers=headers)
         clients = {"gateway": gw, "direct": direct}
         reqs = (first, second)
 
@@ -271,6 +279,9 @@ def bench_claude_replay(cfg: Config, model: Path) -> dict[str, Any]:
                 "ttft_extra_ms": summary(ttft, GOALS["p21_ttft"]), "ttft_wall_extra_ms": summary(ttft_wall),
                 "prompt_ratio": summary(ratio, GOALS["p21_prompt"]), "prompt_ratio_direct": summary(ratio_direct),
                 "evaluated": evaluated}
+    except Exception:
+        log("P21 failed; the gateway's last lines:\n" + "".join(said))
+        raise
     finally:
         gw.close()
         proc.send_signal(signal.SIGTERM)
