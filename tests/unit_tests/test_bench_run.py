@@ -145,9 +145,10 @@ def test_the_report_states_the_server_args_of_its_settings(tmp_path: Path) -> No
     assert all(f"| {' | '.join(r)} |" in text for r in report.rows(res))
 
 
-def test_the_docs_page_holds_the_verdicts_in_under_1250_words(tmp_path: Path) -> None:
+def test_the_docs_page_holds_the_verdicts_in_under_1300_words(tmp_path: Path) -> None:
     """docs/benchmarks.md: every row with a verdict, no other row, and short (issue 35: 800 words for 18 verdicts;
-    issue 34 added 18 verdicts against the peers, issue 47 two for the gateway); the rest is the full report."""
+    issue 34 added 18 verdicts against the peers, issue 47 two for the gateway, issue 61 two for Claude Code's
+    requests); the rest is the full report."""
     res = json.loads(RESULTS.read_text())
     md = tmp_path / "benchmarks.md"
     report.write_summary(res, md, Config())
@@ -160,7 +161,7 @@ def test_the_docs_page_holds_the_verdicts_in_under_1250_words(tmp_path: Path) ->
         metric = report.DITTO if r[0] == above else r[0]
         assert line == f"| {metric} | {r[1]} | {r[2]} | {r[3]} | {r[5]} | {r[6]} |"
         above = r[0]
-    assert len(text.split()) <= 1250 and "../bench/NOTES.md" in text and "../bench/results.md" in text
+    assert len(text.split()) <= 1300 and "../bench/NOTES.md" in text and "../bench/results.md" in text
 
 
 def test_compare_lists_the_verdicts_that_differ(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
