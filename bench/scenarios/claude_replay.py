@@ -40,9 +40,7 @@ import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +50,7 @@ from bench import machine
 from bench.config import GOALS, ROOT, Config
 from bench.log import log
 from bench.rounds import adaptive
-from bench.scenarios.gateway import _behind
+from bench.scenarios.gateway import _behind, start_gateway
 from bench.stats import summary
 
 FIXTURES = (ROOT / "tests" / "fixtures" / "tools" / "claude-code", ROOT / "tests" / "fixtures" / "tools" / "claude")
@@ -187,20 +185,8 @@ def bench_claude_replay(cfg: Config, model: Path) -> dict[str, Any]:
     first, second = load_requests()
     bodies = [{**r["body"], "model": model.stem, "max_tokens": MAX_TOKENS, "stream": True, "temperature": 0}
               for r in (first, second)]
-    # keep_alive: the server outlives the gateway's hold while a straight request runs, the cold read (tens of
-    # minutes on a loaded 2-core machine) included; stopped at the end
-    env = dict(os.environ, GGUF_PROVIDER_MODELS=str(model.parent), GGUF_PROVIDER_KEEP_ALIVE=str(KEEP_ALIVE))
-    proc = subprocess.Popen([sys.executable, "-m", "gguf_provider.cli", "serve", "--port", "0", "--ctx", str(N_CTX),
-                             "--speculative", "off", "--threads", str(cfg.threads)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line.startswith("gateway at"):
-        proc.kill()
-        raise RuntimeError(f"P21: the gateway did not start: {line}{proc.stdout.read()}")
-    url = line.split()[2]
-    said: deque[str] = deque(maxlen=40)  # the gateway's output, read on so its pipe never fills
-    threading.Thread(target=lambda: said.extend(proc.stdout or ()), daemon=True).start()
+    # keep_alive: the cold read (tens of minutes on a loaded 2-core machine) included; stopped at the end
+    proc, url, said = start_gateway(cfg, model, N_CTX, KEEP_ALIVE, "P21")
     gw = httpx.Client(base_url=url, timeout=READ_TIMEOUT)
     try:
         # loads the model (a short request: the cold read of the long prefix comes once the server is pinned)

@@ -21,7 +21,9 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -65,18 +67,27 @@ def stream(client: httpx.Client, path: str, body: dict[str, Any]) -> dict[str, f
             "prompt": timings["prompt_ms"] / 1000, "predicted": timings["predicted_ms"] / 1000}
 
 
-def bench_gateway(cfg: Config, model: Path) -> dict[str, Any]:
-    # keep_alive: the server outlives the gateway's hold while the straight stream of a round runs
-    env = dict(os.environ, GGUF_PROVIDER_MODELS=str(model.parent), GGUF_PROVIDER_KEEP_ALIVE="600")
-    proc = subprocess.Popen([sys.executable, "-m", "gguf_provider.cli", "serve", "--port", "0", "--ctx", str(N_CTX),
+def start_gateway(cfg: Config, model: Path, n_ctx: int, keep_alive: float, who: str
+                  ) -> tuple[subprocess.Popen[str], str, deque[str]]:
+    """`gguf-provider serve` with no model over ``model``'s directory (speculation off, ``cfg.threads``): the
+    process, its URL and its last output lines (read on in a thread, so its pipe never fills). ``keep_alive``: the
+    server outlives the gateway's hold while a straight request runs."""
+    env = dict(os.environ, GGUF_PROVIDER_MODELS=str(model.parent), GGUF_PROVIDER_KEEP_ALIVE=str(keep_alive))
+    proc = subprocess.Popen([sys.executable, "-m", "gguf_provider.cli", "serve", "--port", "0", "--ctx", str(n_ctx),
                              "--speculative", "off", "--threads", str(cfg.threads)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if not line.startswith("gateway at"):
         proc.kill()
-        raise RuntimeError(f"P20: the gateway did not start: {line}{proc.stdout.read()}")
-    url = line.split()[2]
+        raise RuntimeError(f"{who}: the gateway did not start: {line}{proc.stdout.read()}")
+    said: deque[str] = deque(maxlen=40)
+    threading.Thread(target=lambda: said.extend(proc.stdout or ()), daemon=True).start()
+    return proc, line.split()[2], said
+
+
+def bench_gateway(cfg: Config, model: Path) -> dict[str, Any]:
+    proc, url, _ = start_gateway(cfg, model, N_CTX, 600, "P20")
     gw = httpx.Client(base_url=url, timeout=600)
     try:
         body = {**BODY, "model": model.stem}
