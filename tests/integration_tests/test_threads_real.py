@@ -1,8 +1,15 @@
 """Threads that add up, on this machine's real cores: two models gguf-provider starts (SmolLM2, then
-Qwen2.5-Coder-0.5B) generate at once, and each keeps at least 0.3 of its speed alone, both measured here (no fixed
-tokens/s); `ps` shows each server's threads, the split of runtime/_common/threads.py. Each figure is the decode speed
-of a reply with ``ignore_eos``, as bench P19 takes it (nothing depends on the text). The goals against llama.cpp's
-default threads: bench P19 (docs/benchmarks.md)."""
+Qwen2.5-Coder-0.5B) generate at once; each one's decode speed beside the other is taken as a fraction of its speed
+alone, both measured here (no fixed tokens/s); `ps` shows each server's threads, the split of
+runtime/_common/threads.py. Each figure is the decode speed of a reply with ``ignore_eos``, as bench P19 takes it
+(nothing depends on the text). The goals against llama.cpp's default threads: bench P19 (docs/benchmarks.md).
+
+The bounds come from what the split means, not from one machine's figures. Two servers that share the cores without
+wasting them keep fractions that add up to about 1 (each does its part of the machine's work); llama.cpp's defaults
+collapse to a sum of 0.04-0.46 (bench/NOTES.md, P19). Measured with the split: sums 0.87 (dev machine), 1.19 (CI),
+1.22 (a fresh Xeon, issue 60), and the first server's own fraction 0.25-0.39, where a collapsed one keeps 0.00-0.02.
+So: a sum of at least :data:`SUM_FLOOR` (0.6 of the ideal 1.0: 30% under the lowest sum measured, 0.14 over the
+highest collapse) and neither under :data:`STARVED` (0.1: 2.5x under the lowest measured, 5x over a collapse)."""
 
 from __future__ import annotations
 
@@ -21,7 +28,8 @@ from tests.support.runtime import RuntimeEnv
 
 pytestmark = pytest.mark.slow
 
-BESIDE_FLOOR = 0.3  # of the speed alone (issue 45; llama.cpp's defaults: 0.01-0.25, bench P19)
+SUM_FLOOR = 0.6  # the two fractions of the speed alone, added (ideal 1.0; the module docstring says why 0.6)
+STARVED = 0.1  # either fraction alone (a collapsed server: 0.00-0.02)
 TOKENS = 128  # bench/scenarios/threads.py's reply (its decode_speed: tokens/s as the stream arrives, <= 12 s)
 
 
@@ -47,7 +55,8 @@ def test_two_servers_generating_at_once_each_keep_their_speed(rt: RuntimeEnv) ->
         ratios = {Path(e.info.model).name: round(beside[e] / alone[e], 2) for e in (first, second)}
         print(f"decode tok/s alone {[round(alone[e], 1) for e in alone]}, beside the other "
               f"{[round(beside[e], 1) for e in alone]}: {ratios}")
-        assert all(r >= BESIDE_FLOOR for r in ratios.values()), ratios
+        assert sum(ratios.values()) >= SUM_FLOOR, ratios
+        assert all(r >= STARVED for r in ratios.values()), ratios
     finally:
         second.unload()
         first.unload()
