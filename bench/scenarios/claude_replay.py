@@ -2,8 +2,10 @@
 and the next one, which extends the same conversation with a tool call and its result) replayed as they are
 (system prompt, 24 tools, thinking, effort, metadata, cache_control: ~18,600 prompt tokens with Qwen's template)
 through the gateway (`gguf-provider serve` with no model, ``/v1/messages``) and straight to the llama-server behind
-it (its own Anthropic ``/v1/messages``), the same body to both, with ``max_tokens`` :data:`MAX_TOKENS`,
-``stream: true`` and temperature 0. Qwen2.5-Coder-0.5B, ``--ctx`` :data:`N_CTX`.
+it (its own Anthropic ``/v1/messages``), with ``max_tokens`` :data:`MAX_TOKENS`, ``stream: true`` and
+temperature 0: the same body to both but for the gateway's two documented changes, made by :func:`straight` for
+llama-server's endpoint (the billing block dropped, mid-conversation system messages joined to ``system``), so
+that both read the same prompt and write the same reply. Qwen2.5-Coder-0.5B, ``--ctx`` :data:`N_CTX`.
 
 - (a) time to first token, gateway − straight, in ms, llama-server's prompt time taken out (goal <= 5 ms, as
   P20's): the median of :data:`TTFT_PAIRS` pairs a round, each request replayed once each way in alternating order.
@@ -174,6 +176,26 @@ def reply(client: httpx.Client, req: dict[str, Any], body: dict[str, Any], plog:
             "input_tokens": usage.get("input_tokens", 0) + usage.get("cache_read_input_tokens", 0)}
 
 
+def straight(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` as llama-server's own ``/v1/messages`` must get it to read the prompt the gateway gives it: the
+    gateway's two documented changes made here (docs/gateway.md, "What /v1/messages takes"): Claude Code's billing
+    block dropped, and ``system``-role messages inside ``messages`` joined, in order, to ``system`` as one text
+    (llama-server's endpoint would keep them in place: another prompt, another reply, no TTFT to compare)."""
+    from gguf_provider.gateway.anthropic import _billed, _text
+
+    system = body.get("system")
+    texts = [_text(_billed(system), "system")] if system else []
+    kept = []
+    for m in body["messages"]:
+        if m.get("role") == "system":
+            text = _text(m.get("content"), "a system message")
+            if text:
+                texts.append(text)
+        else:
+            kept.append(m)
+    return {**body, "system": "\n\n".join(texts), "messages": kept} if texts else {**body, "messages": kept}
+
+
 def _headers(req: dict[str, Any]) -> dict[str, str]:
     return {k: v for k, v in (req.get("headers") or {}).items() if k.lower() not in DROP_HEADERS}
 
@@ -206,8 +228,10 @@ def bench_claude_replay(cfg: Config, model: Path) -> dict[str, Any]:
         clients = {"gateway": gw, "direct": direct}
         reqs = (first, second)
 
+        sent = {"gateway": bodies, "direct": [straight(b) for b in bodies]}
+
         def send(who: str, i: int) -> dict[str, float]:
-            return reply(clients[who], reqs[i], bodies[i], plog)
+            return reply(clients[who], reqs[i], sent[who][i], plog)
 
         cold: dict[str, list[dict[str, float]]] = {}
         t0 = time.perf_counter()

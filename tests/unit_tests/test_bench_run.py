@@ -227,3 +227,18 @@ def test_the_summary_says_the_run_time_and_what_the_schedule_cut(tmp_path: Path)
     full = tmp_path / "results.md"
     report.write_markdown(res, full, Config())
     assert "behind schedule, fewer rounds: P17 (2 rounds), P16 (1 round)." in full.read_text()
+
+
+def test_p21_sends_llama_server_the_prompt_the_gateway_reads() -> None:
+    """P21's straight requests carry the gateway's two changes (billing block dropped, system messages joined), so
+    llama-server's own /v1/messages renders the same leading system message and the same conversation after it."""
+    from bench.scenarios.claude_replay import load_requests, straight
+    from gguf_provider.gateway.anthropic import messages
+
+    for req in load_requests():
+        body = req["body"]
+        direct = straight(body)
+        assert all(m["role"] != "system" for m in direct["messages"])
+        through = messages(body.get("system"), body["messages"])
+        assert through[0] == {"role": "system", "content": direct["system"]}
+        assert through[1:] == messages(None, direct["messages"])
