@@ -380,7 +380,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     port = options.pop("port", None)  # with no model, --port is the gateway's (its servers get private sockets)
     settings = gateway.Settings(host=args.host, port=gateway.DEFAULT_PORT if port is None else port, api_key=key,
                                 allow_origins=tuple(args.allow_origin), max_body=args.max_body,
-                                keep_alive=args.keep_alive, server_options=options, aliases=aliases)
+                                keep_alive=args.keep_alive, server_options=options, aliases=aliases,
+                                keepalive=args.stream_keepalive)
 
     def ready(url: str) -> None:
         print(f"gateway at {url} (OpenAI {url}/v1, Anthropic {url}, Ollama {url}); models from "
@@ -726,6 +727,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--keep-alive", type=_number(-1, kind=float), metavar="SECONDS",
                        help="how long a model the gateway started stays loaded once idle (default: "
                             "$GGUF_PROVIDER_KEEP_ALIVE or 300)")
+    serve.add_argument("--stream-keepalive", type=_number(0.05, kind=float), default=10.0, metavar="SECONDS",
+                       help="a streamed reply whose first token takes longer (a long prompt) gets its head and a "
+                            "keep-alive every SECONDS until it comes (default 10; clients give up after minutes of "
+                            "silence)")
     serve.add_argument("--alias", action="append", default=[], metavar="PATTERN=MODEL",
                        help="answer requests for PATTERN (a name or a pattern such as 'claude-*') with MODEL "
                             "(repeatable; the first match wins)")

@@ -14,7 +14,9 @@ from starlette.responses import JSONResponse, Response
 from .. import chat
 from ..events import Completion, Event, Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from .common import (
+    WAITING,
     BadRequest,
+    Waiting,
     dumps,
     field,
     has_media,
@@ -303,7 +305,10 @@ def _event(kind: str, data: dict[str, Any]) -> bytes:
     return f"event: {kind}\ndata: {dumps({'type': kind, **data})}\n\n".encode()
 
 
-async def _sse(events: AsyncIterator[Event], name: str) -> AsyncIterator[bytes]:
+PING = _event("ping", {})  # Anthropic's own keep-alive event
+
+
+async def _sse(events: AsyncIterator[Event | Waiting], name: str) -> AsyncIterator[bytes]:
     yield _event("message_start", {"message": {
         "id": new_id("msg_"), "type": "message", "role": "assistant", "model": name, "content": [],
         "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}})
@@ -312,7 +317,9 @@ async def _sse(events: AsyncIterator[Event], name: str) -> AsyncIterator[bytes]:
     stop, usage = "end_turn", None
     try:
         async for ev in events:
-            if type(ev) is TextDelta or type(ev) is ReasoningDelta:
+            if ev is WAITING:  # the prompt is still being read
+                yield PING
+            elif type(ev) is TextDelta or type(ev) is ReasoningDelta:
                 want = "text" if type(ev) is TextDelta else "thinking"
                 if block != want:
                     if block:
@@ -360,7 +367,8 @@ async def create(gw: Gateway, request: Request) -> Response:
         async with gw.pool.use(name, vision=vision) as engine:
             done = await chat.acomplete(engine, req)
         return JSONResponse(message_body(done, name))
-    opened = await open_events(gw.pool.use(name, vision=vision), lambda engine: chat.astream(engine, req))
+    opened = await open_events(gw.pool.use(name, vision=vision), lambda engine: chat.astream(engine, req),
+                               wait=gw.settings.keepalive)
     return streaming(_sse(opened.events(), name), opened, "text/event-stream")
 
 

@@ -7,6 +7,7 @@ the errors below become each protocol's error body (``Protocol.error``).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import secrets
@@ -161,17 +162,37 @@ def dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+class Waiting:
+    """What :meth:`Opened.events` yields while the first event has not come (each :data:`KEEPALIVE` seconds once
+    the reply's head was sent): each protocol writes it as its own keep-alive, so that a client that gives up on a
+    connection silent for minutes (Node's fetch: 300 s without headers or bytes; Claude Code then sends the whole
+    request again) stays while a long prompt is read."""
+
+
+WAITING = Waiting()
+KEEPALIVE = 10.0  # seconds: the longest a stream waits for its head, and then between two keep-alives
+
+
 class Opened:
     """A model's reply events with the first one at hand (an error before it was raised by :func:`open_events`, so
-    it became an HTTP error); iterating :meth:`events` yields them all and then ends the request and gives the
-    model back, as :meth:`close` does (also when the caller left)."""
+    it became an HTTP error), or, when it had not come within the wait :func:`open_events` was given, pending:
+    then :meth:`events` yields :data:`WAITING` every ``keepalive`` seconds until it comes, and an error before it
+    is raised from :meth:`events` (the stream's own error event). Iterating :meth:`events` yields the events and
+    then ends the request and gives the model back, as :meth:`close` does (also when the caller left)."""
 
-    def __init__(self, stack: AsyncExitStack, rest: AsyncGenerator[Any, None], first: Any) -> None:
+    def __init__(self, stack: AsyncExitStack, rest: AsyncGenerator[Any, None] | None, first: Any,
+                 pending: asyncio.Task[tuple[AsyncGenerator[Any, None], Any]] | None = None,
+                 keepalive: float = KEEPALIVE) -> None:
         self._stack, self._rest, self._first = stack, rest, first
+        self._pending, self._keepalive = pending, keepalive
 
     async def events(self) -> AsyncIterator[Any]:
         try:
-            if self._first is not _END:
+            if self._pending is not None:
+                while not (await asyncio.wait({self._pending}, timeout=self._keepalive))[0]:
+                    yield WAITING
+                self._rest, self._first = self._pending.result()  # raises what came before the first event
+            if self._first is not _END and self._rest is not None:
                 yield self._first
                 async for ev in self._rest:
                     yield ev
@@ -179,25 +200,53 @@ class Opened:
             await self.close()
 
     async def close(self) -> None:
+        task = self._pending
+        if task is not None:
+            if not task.done():
+                task.cancel()
+            await asyncio.wait({task})
+            if not task.cancelled():
+                task.exception()  # retrieved: raised by events() already, or moot once the caller left
         await self._stack.aclose()
 
 
 _END = object()
 
 
-async def open_events(use: AbstractAsyncContextManager[Engine], start: Callable[[Engine], AsyncGenerator[Any, None]]
-                      ) -> Opened:
-    """The events ``start(engine)`` yields on the engine ``use`` lends, once the first has come."""
+async def open_events(use: AbstractAsyncContextManager[Engine], start: Callable[[Engine], AsyncGenerator[Any, None]],
+                      *, wait: float | None = None) -> Opened:
+    """The events ``start(engine)`` yields on the engine ``use`` lends, once the first has come; with ``wait``, after
+    at most ``wait`` seconds (the model's load and the request's checks take less: their errors stay HTTP errors),
+    the first event then still pending (:class:`Opened`)."""
     stack = AsyncExitStack()
-    try:
+
+    async def first() -> tuple[AsyncGenerator[Any, None], Any]:
         engine = await stack.enter_async_context(use)
         gen = start(engine)
         stack.push_async_callback(gen.aclose)
         try:
-            first = await anext(gen)
+            return gen, await anext(gen)
         except StopAsyncIteration:
-            first = _END
-        return Opened(stack, gen, first)
+            return gen, _END
+
+    if wait is None:
+        try:
+            return Opened(stack, *await first())
+        except BaseException:
+            await stack.aclose()
+            raise
+    task = asyncio.ensure_future(first())
+    try:
+        await asyncio.wait({task}, timeout=wait)
+    except BaseException:  # the caller left while it waited
+        task.cancel()
+        await asyncio.wait({task})
+        await stack.aclose()
+        raise
+    if not task.done():
+        return Opened(stack, None, None, task, keepalive=wait)
+    try:
+        return Opened(stack, *task.result())
     except BaseException:
         await stack.aclose()
         raise

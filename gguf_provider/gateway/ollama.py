@@ -23,7 +23,9 @@ from .. import chat
 from ..events import Completion, Event, Finish, ReasoningDelta, TextDelta, Timings, ToolCallDelta, Usage
 from ..tools import ToolCall
 from .common import (
+    WAITING,
     BadRequest,
+    Waiting,
     dumps,
     field,
     has_media,
@@ -226,14 +228,18 @@ def _whole(name: str, done: Completion, started: float, generate: bool) -> dict[
     return out
 
 
-async def _lines(events: AsyncIterator[Event], name: str, started: float, generate: bool) -> AsyncIterator[bytes]:
+async def _lines(events: AsyncIterator[Event | Waiting], name: str, started: float,
+                 generate: bool) -> AsyncIterator[bytes]:
     """JSON lines: one per text or thinking piece, tool calls whole (Ollama sends them so), then the final one."""
     head = f'{{"model":{json.dumps(name)},"created_at":"'
     calls: dict[int, ToolCall] = {}
     done = Completion()
+    waiting = '"response":"",' if generate else '"message":{"role":"assistant","content":""},'
     try:
         async for ev in events:
-            if type(ev) is TextDelta or type(ev) is ReasoningDelta:
+            if ev is WAITING:  # the prompt is still being read: a line with no text, as a piece of it would be
+                yield (f'{head}{_stamp()}",{waiting}"done":false}}\n').encode()
+            elif type(ev) is TextDelta or type(ev) is ReasoningDelta:
                 key = ("response" if type(ev) is TextDelta else "thinking") if generate else \
                     ("content" if type(ev) is TextDelta else "thinking")
                 if generate:
@@ -290,7 +296,7 @@ async def _reply(gw: Gateway, body: dict[str, Any], request: chat.ChatRequest, n
             done = await chat.acomplete(engine, request)
         return JSONResponse(_whole(name, done, started, generate))
     opened = await open_events(gw.pool.use(name, n_ctx=n_ctx, keep_alive=hold, vision=vision),
-                               lambda engine: chat.astream(engine, request))
+                               lambda engine: chat.astream(engine, request), wait=gw.settings.keepalive)
     return streaming(_lines(opened.events(), name, started, generate), opened, MEDIA)
 
 

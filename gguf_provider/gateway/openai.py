@@ -17,6 +17,7 @@ from ..engine import Engine
 from ..events import Completion, Event, Finish, ReasoningDelta, TextDelta, Timings, ToolCallDelta, Usage
 from .common import (
     BadRequest,
+    Waiting,
     dumps,
     field,
     has_media,
@@ -99,7 +100,8 @@ async def chat_completions(gw: Gateway, request: Request) -> Response:
             done = await chat.acomplete(engine, req)
         return JSONResponse(completion_body(done, name))
     usage = bool((field(body, "stream_options", dict) or {}).get("include_usage"))
-    opened = await open_events(gw.pool.use(name, vision=vision), lambda engine: chat.astream(engine, req))
+    opened = await open_events(gw.pool.use(name, vision=vision), lambda engine: chat.astream(engine, req),
+                               wait=gw.settings.keepalive)
     return streaming(_sse(opened.events(), name, usage), opened, "text/event-stream")
 
 
@@ -156,19 +158,22 @@ class _Stream:
         return b""
 
 
-async def _sse(events: AsyncIterator[Event], name: str, include_usage: bool) -> AsyncIterator[bytes]:
+async def _sse(events: AsyncIterator[Event | Waiting], name: str, include_usage: bool) -> AsyncIterator[bytes]:
     out = _Stream(name)
     head = out.head
     role = (head + '{"role":"assistant","content":""},"finish_reason":null}]}\n\n').encode()
     try:
         it = aiter(events)
         first = await anext(it, None)
+        while isinstance(first, Waiting):  # the prompt is still being read: an SSE comment, which clients skip
+            yield b": keep-alive\n\n"
+            first = await anext(it, None)
         # The role chunk and the first event's go out in one write: the first token is not a write later.
         yield role + (out.chunk(first) if first is not None else b"")
         async for ev in it:
             if type(ev) is TextDelta:  # per token: the chunk written here, not through a call
                 yield f'{head}{{"content":{json.dumps(ev.text)}}},"finish_reason":null}}]}}\n\n'.encode()
-            else:
+            elif not isinstance(ev, Waiting):  # (only the first is ever awaited)
                 chunk = out.chunk(ev)
                 if chunk:
                     yield chunk

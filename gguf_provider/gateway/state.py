@@ -13,6 +13,7 @@ from typing import Any
 from ..runtime import Progress
 from ..runtime import default as runtime
 from .aliases import Aliases
+from .common import KEEPALIVE
 from .pool import DEFAULT_HOLD, ModelPool
 
 DEFAULT_PORT = 11480  # not Ollama's 11434, nor llama-server's 8080
@@ -32,8 +33,11 @@ class Settings:
     hold: float = DEFAULT_HOLD
     server_options: dict[str, Any] = field(default_factory=dict)
     aliases: Aliases = field(default_factory=Aliases)  # names clients ask for -> local models (aliases.py)
+    keepalive: float = KEEPALIVE  # a stream's head waits this long for the first event, then a keep-alive each time
 
     def __post_init__(self) -> None:
+        if not self.keepalive > 0:
+            raise ValueError(f"keepalive must be a number of seconds above 0, not {self.keepalive!r}")
         if not is_loopback(self.host) and not self.api_key:
             raise ValueError(f"listening on {self.host} (not loopback) needs an API key: --api-key-file PATH (a file "
                              "holding the key, readable only by you)")
