@@ -194,30 +194,37 @@ async def test_a_document_over_the_pair_limit_is_a_typed_error(reranker: GGUFRer
 
 
 def test_cli_rerank(reranker_path: Path) -> None:
-    """The CLI's server runs the default slots; the test holds it (the same model and options: one server) and
-    asks it for the same documents first, twice: a repeated request goes to the slots that held its pairs, so the
-    server's answer no longer moves, and the CLI's requests are answered the same."""
+    """The CLI's server runs the default slots, where a pair's score moves with its place in the batch (up to
+    :data:`SLOT_TOLERANCE`, the module docstring): each score the CLI prints is the server's own for that document
+    within it, in the CLI's own order (by score), each with its document."""
     cli = [sys.executable, "-m", "gguf_provider.cli", "rerank"]
     docs = DOCS[:4]
-    held = Engine(EngineConfig(model=str(reranker_path), rerank=True))
+    held = Engine(EngineConfig(model=str(reranker_path), rerank=True))  # the CLI's server: same model and options
     try:
-        server_answer(held, QUERY, docs)
-        want = server_answer(held, QUERY, docs)
+        want = dict(server_answer(held, QUERY, docs))
         _cli_rerank(cli, reranker_path, docs, want)
-        assert server_answer(held, QUERY, docs) == want
     finally:
         held.unload()
 
 
-def _cli_rerank(cli: list[str], reranker_path: Path, docs: list[str], want: list[tuple[int, float]]) -> None:
-    # timeout=120 here and in test_cli_rerank: hang guards; the CLI test takes ~4 s under load in all
+SLOT_TOLERANCE = 2e-2  # the most a pair's score moved with its slot, measured on this CPU build (module docstring)
+
+
+def _cli_rerank(cli: list[str], reranker_path: Path, docs: list[str], want: dict[int, float]) -> None:
+    # timeout=120 here: hang guards; the CLI test takes ~4 s under load in all
     out = json.loads(subprocess.run([*cli, "--json", str(reranker_path), QUERY, *docs], capture_output=True,
                                     text=True, timeout=120, check=True).stdout)
-    assert [(r["rank"], r["index"], r["score"], r["document"]) for r in out["results"]] == [
-        (n, i, s, docs[i]) for n, (i, s) in enumerate(want, 1)]
+    results = out["results"]
+    assert [r["rank"] for r in results] == list(range(1, len(docs) + 1))
+    assert sorted(r["index"] for r in results) == list(range(len(docs)))
+    assert all(r["document"] == docs[r["index"]] for r in results)
+    assert [r["score"] for r in results] == sorted((r["score"] for r in results), reverse=True)
+    assert all(abs(r["score"] - want[r["index"]]) <= SLOT_TOLERANCE for r in results), (results, want)
     lines = subprocess.run([*cli, str(reranker_path), QUERY, "--top-n", "2"], input="\n".join(docs) + "\n",
                            capture_output=True, text=True, timeout=120, check=True).stdout.splitlines()
-    assert [line.split(None, 2) for line in lines] == [[str(n), f"{s:.4f}", docs[i]]
-                                                       for n, (i, s) in enumerate(want[:2], 1)]
+    shown = [line.split(None, 2) for line in lines]
+    assert [n for n, _, _ in shown] == ["1", "2"] and all(d in docs for _, _, d in shown), shown
+    assert float(shown[0][1]) >= float(shown[1][1])
+    assert all(abs(float(score) - want[docs.index(d)]) <= SLOT_TOLERANCE + 1e-4 for _, score, d in shown), shown
     failed = subprocess.run([*cli, str(reranker_path), QUERY, LONG], capture_output=True, text=True, timeout=120)
     assert failed.returncode == 1 and "at most 512" in failed.stderr

@@ -220,6 +220,9 @@ def test_the_registry_keeps_the_directory() -> None:
     assert (registry.Entry.from_json(older) or entry).prompt_cache == ""
 
 
+# httpcore's Unix-socket connect leaves its socket open when the connect fails (httpcore/_backends/sync.py,
+# connect_unix_socket): its ResourceWarning comes when the socket is collected, inside this block.
+@pytest.mark.filterwarnings("default::ResourceWarning")
 def test_saving_a_server_that_does_not_answer_warns_and_returns(tmp_path: Path, model: Path) -> None:
     d = tmp_path / "ident"
     d.mkdir()
