@@ -727,7 +727,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--keep-alive", type=_number(-1, kind=float), metavar="SECONDS",
                        help="how long a model the gateway started stays loaded once idle (default: "
                             "$GGUF_PROVIDER_KEEP_ALIVE or 300)")
-    serve.add_argument("--stream-keepalive", type=_number(0.05, kind=float), default=10.0, metavar="SECONDS",
+    serve.add_argument("--stream-keepalive", type=_number(0.01, kind=float), default=10.0, metavar="SECONDS",
                        help="a streamed reply whose first token takes longer (a long prompt) gets its head and a "
                             "keep-alive every SECONDS until it comes (default 10; clients give up after minutes of "
                             "silence)")

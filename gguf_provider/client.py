@@ -178,6 +178,7 @@ class EngineClient:
         self.address = address
         self.timeout = httpx.Timeout(timeout, connect=connect_timeout)
         self._client: httpx.Client | None = None
+        self._client_finalizer: weakref.finalize[Any, Any] | None = None
         _OPEN.add(self)
         self._aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient]
         self._aclients = weakref.WeakKeyDictionary()
@@ -192,6 +193,9 @@ class EngineClient:
             self._client = httpx.Client(base_url=self.address.base_url, transport=self.address.transport(),
                                         headers=self.address.headers(), timeout=self.timeout,
                                         verify=self.address.verify)
+            # An EngineClient dropped unclosed (a model object gone out of scope) closes its connections then, not
+            # the garbage collector later (a ResourceWarning for each socket).
+            self._client_finalizer = weakref.finalize(self, self._client.close)
         return self._client
 
     @property
@@ -210,9 +214,9 @@ class EngineClient:
         return client
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        if self._client_finalizer is not None:
+            self._client_finalizer()  # closes the client, once
+        self._client = None
         self._aclients.clear()
         self._closers.clear()
 

@@ -50,5 +50,4 @@ async def test_embeddings_are_consistent(_shared_server: GGUFEmbeddings) -> None
     for a, b in zip(docs, adocs, strict=True):
         assert _cos(a, b) > 0.999
     assert _cos(emb.embed_query(texts[3]), docs[3]) > 0.999
-    assert _cos(await emb.aembed_query("a cat"), emb.embed_query("a kitten")) > \
-        _cos(emb.embed_query("a cat"), emb.embed_query("quarterly tax report"))
+    # (Which texts the model finds near each other is its quality, not this adapter's: not asserted.)

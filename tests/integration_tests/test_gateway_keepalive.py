@@ -2,10 +2,10 @@
 shape, and the protocols' own clients read through them (issue 61: Claude Code, on Node's fetch, gave up on a
 connection silent for 5 minutes and sent its whole ~18,800-token request again, from scratch, on another slot).
 
-The gateway here waits :data:`WAIT` seconds for a stream's first event (the default is 10 s). Each prompt is
-:data:`WORDS` words no earlier request began with, which no machine reads in that time (SmolLM2 read ~190 prompt
-tokens/s here on the 2-core dev machine, 5,036 tokens in 26 s: ~1,000 tokens take ~5 s; a machine 50x faster still
-needs 0.1 s, twice the wait), so every stream below starts with keep-alives. Nothing here is timed: the order of what arrives is the assertion.
+The gateway here waits :data:`WAIT` seconds for a stream's first event (the default is 10 s). Each prompt is new
+(no cached prefix shortens it) and as long as :data:`WAITS` waits take to read at the prompt speed measured on this
+server first (its own timings of a cold prompt), so every stream below starts with keep-alives on any machine, a
+GPU's included. Nothing here is timed: the order of what arrives is the assertion.
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ pytestmark = pytest.mark.slow
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
 QWEN = "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M"
 N_CTX = 8192
-WAIT = 0.05  # --stream-keepalive: the smallest the CLI takes
-WORDS = 1000
-TIMEOUT = 300  # a hang guard: a prompt here takes ~5 s on the dev machine; beside `make test-loaded` 3x, 20x
+WAIT = 0.01  # --stream-keepalive: the smallest the CLI takes
+WAITS = 50  # a prompt's reading time, in waits: the head cannot come with the first event
+TIMEOUT = 300  # a hang guard: a prompt here takes WAITS * WAIT = 0.5 s at the speed measured; 600x
 
 _VOCAB = "river stone light window garden paper music engine forest market silver morning letter bridge".split()
 
 
-def prompt(seed: int, words: int = WORDS) -> str:
+def prompt(seed: int, words: int) -> str:
     rng = random.Random(seed)
     return f"{seed}: " + " ".join(rng.choice(_VOCAB) for _ in range(words)) + "\nSay hello."
 
@@ -42,6 +42,20 @@ def prompt(seed: int, words: int = WORDS) -> str:
 def gw(smollm2_path: Path, qwen_path: Path) -> Iterator[GatewayProc]:
     with gateway(smollm2_path.parent, "--ctx", str(N_CTX), "--stream-keepalive", str(WAIT)) as g:
         yield g
+
+
+@pytest.fixture(scope="module")
+def words(gw: GatewayProc) -> int:
+    """Words of a prompt that takes :data:`WAITS` waits to read here (a word is a token or more), at most half the
+    context."""
+    r = httpx.post(gw.url + "/v1/chat/completions", timeout=TIMEOUT, json={
+        "model": SMOL, "max_tokens": 1, "stream": True, "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": prompt(0, 300)}]})
+    last = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")][-1]
+    tps = float(last["timings"]["prompt_per_second"])
+    n = int(tps * WAITS * WAIT) + 1
+    assert n <= N_CTX // 2, f"{tps:.0f} prompt tokens/s: too fast to tell the head from the first token here"
+    return n
 
 
 def sse(gw: GatewayProc, path: str, body: dict[str, Any]) -> list[tuple[str, str]]:
@@ -56,9 +70,9 @@ def sse(gw: GatewayProc, path: str, body: dict[str, Any]) -> list[tuple[str, str
     return out
 
 
-def test_anthropic_pings_before_the_first_token_and_the_sdk_reads_through(gw: GatewayProc) -> None:
+def test_anthropic_pings_before_the_first_token_and_the_sdk_reads_through(gw: GatewayProc, words: int) -> None:
     lines = sse(gw, "/v1/messages", {"model": SMOL, "max_tokens": 8, "stream": True,
-                                     "messages": [{"role": "user", "content": prompt(1)}]})
+                                     "messages": [{"role": "user", "content": prompt(1, words)}]})
     events = [v for k, v in lines if k == "event"]
     assert events[0] == "message_start", events
     # The first event after the pings: a content block, or the end when the model stopped at once (its text is
@@ -74,15 +88,15 @@ def test_anthropic_pings_before_the_first_token_and_the_sdk_reads_through(gw: Ga
 
     client = anthropic.Anthropic(base_url=gw.url, api_key="unused", timeout=TIMEOUT, max_retries=0)
     with client.messages.stream(model=SMOL, max_tokens=8,
-                                messages=[{"role": "user", "content": prompt(2)}]) as stream:
+                                messages=[{"role": "user", "content": prompt(2, words)}]) as stream:
         message = stream.get_final_message()
     assert message.stop_reason in ("max_tokens", "end_turn"), message
     assert message.usage.output_tokens >= 1
 
 
-def test_openai_comments_before_the_first_chunk_and_the_sdk_reads_through(gw: GatewayProc) -> None:
+def test_openai_comments_before_the_first_chunk_and_the_sdk_reads_through(gw: GatewayProc, words: int) -> None:
     lines = sse(gw, "/v1/chat/completions", {"model": SMOL, "max_tokens": 8, "stream": True,
-                                             "messages": [{"role": "user", "content": prompt(3)}]})
+                                             "messages": [{"role": "user", "content": prompt(3, words)}]})
     first_data = next(i for i, (k, _) in enumerate(lines) if k == "data")
     assert first_data >= 1 and all(k == "" for k, _ in lines[:first_data]), lines[:first_data + 1]
     assert {v for _, v in lines[:first_data]} == {"keep-alive"}
@@ -92,16 +106,17 @@ def test_openai_comments_before_the_first_chunk_and_the_sdk_reads_through(gw: Ga
 
     client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
     chunks = list(client.chat.completions.create(model=SMOL, max_tokens=8, stream=True,
-                                                 messages=[{"role": "user", "content": prompt(4)}]))
+                                                 messages=[{"role": "user", "content": prompt(4, words)}]))
     assert chunks[0].choices[0].delta.role == "assistant"
     assert chunks[-1].choices[0].finish_reason in ("length", "stop")
 
 
-def test_ollama_empty_pieces_before_the_first_token_and_the_client_reads_through(gw: GatewayProc) -> None:
+def test_ollama_empty_pieces_before_the_first_token_and_the_client_reads_through(gw: GatewayProc,
+                                                                                 words: int) -> None:
     pieces = []
     with httpx.stream("POST", gw.url + "/api/chat", timeout=TIMEOUT, json={
             "model": SMOL, "options": {"num_predict": 8},
-            "messages": [{"role": "user", "content": prompt(5)}]}) as r:
+            "messages": [{"role": "user", "content": prompt(5, words)}]}) as r:
         assert r.status_code == 200
         pieces = [json.loads(line) for line in r.iter_lines() if line]
     empty = 0
@@ -115,7 +130,7 @@ def test_ollama_empty_pieces_before_the_first_token_and_the_client_reads_through
 
     client = ollama.Client(host=gw.url, timeout=TIMEOUT)
     parts = list(client.chat(model=SMOL, stream=True, options={"num_predict": 8},
-                             messages=[{"role": "user", "content": prompt(6)}]))
+                             messages=[{"role": "user", "content": prompt(6, words)}]))
     assert parts[-1].done and parts[-1].eval_count >= 1
 
 

@@ -383,8 +383,7 @@ def test_embedding_batched(embed: GGUFEmbedding) -> None:
     vectors = embed.get_text_embedding_batch(texts)  # embed_batch_size=2: three requests
     assert len(vectors) == 5 and len({len(v) for v in vectors}) == 1 and len(vectors[0]) > 100
     query = embed.get_query_embedding("a cat sat on the mat")
-    assert embed.similarity(query, vectors[0]) > 0.999
-    assert embed.similarity(query, vectors[3]) > embed.similarity(query, vectors[2])
+    assert embed.similarity(query, vectors[0]) > 0.999  # the same text (not which others the model finds near)
 
 
 async def test_embedding_async(embed: GGUFEmbedding) -> None:
