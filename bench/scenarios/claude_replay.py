@@ -38,10 +38,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -52,7 +49,7 @@ from bench import machine
 from bench.config import GOALS, ROOT, Config
 from bench.log import log
 from bench.rounds import adaptive
-from bench.scenarios.gateway import _behind, start_gateway
+from bench.scenarios.gateway import _behind, start_gateway, stop_gateway
 from bench.stats import summary
 
 FIXTURES = (ROOT / "tests" / "fixtures" / "tools" / "claude-code", ROOT / "tests" / "fixtures" / "tools" / "claude")
@@ -294,12 +291,7 @@ def bench_claude_replay(cfg: Config, model: Path) -> dict[str, Any]:
         raise
     finally:
         gw.close()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        subprocess.run([sys.executable, "-m", "gguf_provider.cli", "stop", "--all"], capture_output=True, check=False)
+        stop_gateway(proc)
 
 
 def _log_of(pid: int) -> str:

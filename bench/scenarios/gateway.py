@@ -136,13 +136,18 @@ def bench_gateway(cfg: Config, model: Path) -> dict[str, Any]:
                 "ttft_extra_ms": summary(ttft, GOALS["p20_ttft"]), "ttft_wall_extra_ms": summary(ttft_wall)}
     finally:
         gw.close()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        # the server outlives the gateway by its keep_alive: stopped now (the bench's home holds only its own)
-        subprocess.run([sys.executable, "-m", "gguf_provider.cli", "stop", "--all"], capture_output=True, check=False)
+        stop_gateway(proc)
+
+
+def stop_gateway(proc: subprocess.Popen[str]) -> None:
+    """The gateway stopped (SIGTERM, SIGKILL after 30 s), then its servers: they outlive it by their keep_alive (the
+    bench's home holds only its own)."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    subprocess.run([sys.executable, "-m", "gguf_provider.cli", "stop", "--all"], capture_output=True, check=False)
 
 
 def _behind(url: str) -> dict[str, Any]:
