@@ -228,6 +228,10 @@ class Exchange:
     content_type: str = ""
     body: bytes = b""
     complete: bool = False  # the whole reply reached the client
+    # The client closed its connection before the whole reply (a broken pipe on our write): it stopped reading, as
+    # opencode does with its title request once its answer is done; the proxy then closes its upstream, so the
+    # gateway cancels the request. Nothing more of the reply was owed to it.
+    left: bool = False
 
 
 def check_exchange(ex: Exchange) -> Reply | None:
@@ -300,10 +304,14 @@ class RecordingProxy:
                     if self.command == "HEAD":
                         ex.complete = True
                         return
-                    for chunk in up.iter_raw():
-                        ex.body += chunk
-                        self.wfile.write(chunk)
-                        self.wfile.flush()
+                    try:
+                        for chunk in up.iter_raw():
+                            ex.body += chunk
+                            self.wfile.write(chunk)
+                            self.wfile.flush()
+                    except (BrokenPipeError, ConnectionResetError):
+                        ex.left = True
+                        return
                     ex.complete = True
 
             do_GET = do_POST = do_HEAD = do_PUT = do_DELETE = _forward
