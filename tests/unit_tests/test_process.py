@@ -121,3 +121,24 @@ def _alive(p: psutil.Process) -> bool:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="psutil reads the boot time of /proc/stat on Linux")
+def test_a_process_is_known_by_its_start_when_the_boot_time_moved(monkeypatch: pytest.MonkeyPatch) -> None:
+    """psutil's start time is /proc/stat's boot time (whole seconds, moved by NTP) plus the ticks since boot: read
+    once before and once after that whole second flipped, one process is 1 s apart. It is still the same process;
+    one that started 10 s apart is not."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        marker = "import time; time.sleep(60)"  # one word of its command line, as our servers' alias
+        start = process.create_time(child.pid)
+        assert process.process_matches(child.pid, start, marker)
+        real_boot = psutil.boot_time()
+        monkeypatch.setattr(psutil._pslinux, "boot_time", lambda: real_boot + 1.0)  # what psutil adds, flipped
+        assert abs(psutil.Process(child.pid).create_time() - start - 1.0) < 0.01
+        assert process.process_matches(child.pid, start, marker)
+        assert not process.process_matches(child.pid, start - 10.0, marker)
+        assert not process.process_matches(child.pid, start, "another marker")
+    finally:
+        child.kill()
+        child.wait()

@@ -288,11 +288,20 @@ def wait_healthy(proc: subprocess.Popen[bytes] | None, pid: int, address: Addres
 # --- identity and stopping ---------------------------------------------------------------------------------------
 
 
+# How far a process's start time, as two processes read it, may differ. psutil adds the boot time of /proc/stat
+# (whole seconds, moved by the wall clock's adjustments: NTP) to the start it counts in ticks since boot, so one
+# process reads 1 s apart once that whole second flips: seen here on a loaded VM, where a watchdog and the gateway
+# both took a busy llama-server for gone and a second server was started beside it. A pid reused within this of
+# its predecessor's start (and, for a server, with our marker on its command line) is no risk to meet.
+CREATE_TIME_SLACK = 2.0
+
+
 def process_matches(pid: int, create_time: float, marker: str | None = None) -> bool:
-    """True only if ``pid`` is alive, was created at ``create_time`` and (if given) has ``marker`` on its cmdline."""
+    """True only if ``pid`` is alive, was created at ``create_time`` (within :data:`CREATE_TIME_SLACK`) and (if
+    given) has ``marker`` on its cmdline."""
     try:
         p = psutil.Process(pid)
-        if abs(p.create_time() - create_time) > 0.05:
+        if abs(p.create_time() - create_time) > CREATE_TIME_SLACK:
             return False
         if p.status() == psutil.STATUS_ZOMBIE:
             return False

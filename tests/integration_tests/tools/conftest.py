@@ -1,6 +1,9 @@
-"""One gateway for the tests with real coding tools: the recorded requests (test_tool_fixtures.py) and the tools
-themselves (test_tools_live.py) go to the same gateway and the same llama-server holding Qwen2.5-Coder-0.5B, so a
-prompt read once stays in its cache for what follows it (package scope: both modules, then it stops)."""
+"""A gateway for the tests with real coding tools, one for each module (the recorded requests, test_tool_fixtures.py;
+the tools themselves, test_tools_live.py), each holding Qwen2.5-Coder-0.5B in one llama-server, so that a prompt
+read once stays in its cache for the module's later requests. Each stops at the end of its module, which saves its
+server's idle slots into the kept home's prompt cache (runtime/_serve/prompt_cache.py): one gateway for both
+modules let the live tools' requests take over the slot of Claude Code's 24-tool prompt before the stop, and only
+the last, short prompts were saved."""
 
 from __future__ import annotations
 
@@ -26,11 +29,16 @@ def kept_home() -> Path:
     return home
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 def tools_gw(qwen_path: Path) -> Iterator[GatewayProc]:
+    """The module's gateway; at its end, it must have started one llama-server in all (its -v log says each start):
+    a second means a prompt read again from scratch, and the first one lost to its runtime (a running server once
+    taken for gone: runtime/_common/process.py, CREATE_TIME_SLACK)."""
     # --keep-alive: the server stays loaded between the tests (the support module's default, 0, would stop it
     # after each reply and the next test would read its prompt again).
-    with gateway(qwen_path.parent, "--ctx", str(N_CTX), "--keep-alive", "1800",
+    with gateway(qwen_path.parent, "-v", "--ctx", str(N_CTX), "--keep-alive", "1800",
                  env={"GGUF_PROVIDER_HOME": str(kept_home())}) as g:
         yield g
+        starts = [line for line in list(g.output) if "starting llama-server for" in line]
+    assert len(starts) == 1, f"{len(starts)} llama-server starts for one model: {g.log()}"
 
