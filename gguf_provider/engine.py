@@ -226,6 +226,13 @@ class Engine:
         info = self.info
         return min(info.n_ctx, info.asked_ctx) if info.asked_ctx and info.n_ctx else info.n_ctx
 
+    def _needs_count(self, payload: dict[str, Any]) -> bool:
+        """Whether :meth:`aprepare` counts the prompt before it is sent."""
+        n_ctx, info = self.n_ctx, self.info
+        if not n_ctx or limits.fits(payload, n_ctx):
+            return False
+        return not (info.ends_at_context and n_ctx == info.n_ctx)
+
     @property
     def props(self) -> dict[str, Any]:
         return self.info.props
@@ -333,24 +340,27 @@ class Engine:
         raise AssertionError("unreachable")
 
     async def aprepare(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """The payload as it is sent: its images and audio checked and inlined (:mod:`gguf_provider.media`),
-        ``max_tokens`` set to context - prompt when none is given, a larger one capped there, and a prompt that
-        alone fills the context refused.
+        """The payload as it is sent: its images and audio checked and inlined (:mod:`gguf_provider.media`), and
+        no reply longer than the context leaves: a prompt that alone fills the context raises
+        :class:`ContextOverflowError`, a reply ends where the context does (finish reason ``length``).
 
-        Counting the prompt costs two small requests, so with an explicit ``max_tokens`` it is done only when a
-        cheap upper bound (one token per character, plus template overhead) says the request might not fit. The
-        count covers the text: an image's tokens are known only to the server, which stops a reply at the end of
-        the context (finish reason ``length``) and refuses an image prompt that does not fit
-        (:class:`ContextOverflowError`).
+        A server we started from a build whose context shift is off unless asked does both itself
+        (:attr:`~.runtime._serve.manager.ServerInfo.ends_at_context`: ``exceed_context_size_error``, read as
+        :class:`ContextOverflowError`), so the request goes as it is. Elsewhere (an older build, a server started
+        with ``--context-shift``, a shared server with a larger context than this engine asked) the prompt is
+        counted (two small requests, ``/apply-template`` and ``/tokenize``: ~70 ms for 17,000 tokens here),
+        ``max_tokens`` set to context - prompt when none is given and a larger one capped there; with an explicit
+        ``max_tokens`` only when a cheap upper bound (one token per character, plus template overhead) says it
+        might not fit. The count covers the text: an image's tokens are known only to the server, which ends and
+        refuses as above.
         """
         await self.aload()
         self.info.check_request(payload)  # what this build cannot do: refused before anything is sent
         payload = await media.aprepare(payload, self.modalities(), model=self._where(), policy=self.media_policy())
         payload = await self.arestore_prompt(payload)
-        n_ctx = self.n_ctx
-        if not n_ctx or limits.fits(payload, n_ctx):
+        if not self._needs_count(payload):
             return payload
-        return limits.apply_limits(payload, await self.acount_prompt_tokens(payload), n_ctx)
+        return limits.apply_limits(payload, await self.acount_prompt_tokens(payload), self.n_ctx)
 
     async def arestore_prompt(self, payload: dict[str, Any]) -> dict[str, Any]:
         """On a server's first requests (:data:`~.runtime._serve.prompt_cache.FIRST_REQUESTS`): when a prompt saved
@@ -480,24 +490,27 @@ class Engine:
         raise AssertionError("unreachable")
 
     def prepare(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """The payload as it is sent: its images and audio checked and inlined (:mod:`gguf_provider.media`),
-        ``max_tokens`` set to context - prompt when none is given, a larger one capped there, and a prompt that
-        alone fills the context refused.
+        """The payload as it is sent: its images and audio checked and inlined (:mod:`gguf_provider.media`), and
+        no reply longer than the context leaves: a prompt that alone fills the context raises
+        :class:`ContextOverflowError`, a reply ends where the context does (finish reason ``length``).
 
-        Counting the prompt costs two small requests, so with an explicit ``max_tokens`` it is done only when a
-        cheap upper bound (one token per character, plus template overhead) says the request might not fit. The
-        count covers the text: an image's tokens are known only to the server, which stops a reply at the end of
-        the context (finish reason ``length``) and refuses an image prompt that does not fit
-        (:class:`ContextOverflowError`).
+        A server we started from a build whose context shift is off unless asked does both itself
+        (:attr:`~.runtime._serve.manager.ServerInfo.ends_at_context`: ``exceed_context_size_error``, read as
+        :class:`ContextOverflowError`), so the request goes as it is. Elsewhere (an older build, a server started
+        with ``--context-shift``, a shared server with a larger context than this engine asked) the prompt is
+        counted (two small requests, ``/apply-template`` and ``/tokenize``: ~70 ms for 17,000 tokens here),
+        ``max_tokens`` set to context - prompt when none is given and a larger one capped there; with an explicit
+        ``max_tokens`` only when a cheap upper bound (one token per character, plus template overhead) says it
+        might not fit. The count covers the text: an image's tokens are known only to the server, which ends and
+        refuses as above.
         """
         self.load()
         self.info.check_request(payload)  # what this build cannot do: refused before anything is sent
         payload = media.prepare(payload, self.modalities(), model=self._where(), policy=self.media_policy())
         payload = self.restore_prompt(payload)
-        n_ctx = self.n_ctx
-        if not n_ctx or limits.fits(payload, n_ctx):
+        if not self._needs_count(payload):
             return payload
-        return limits.apply_limits(payload, self.count_prompt_tokens(payload), n_ctx)
+        return limits.apply_limits(payload, self.count_prompt_tokens(payload), self.n_ctx)
 
     def restore_prompt(self, payload: dict[str, Any]) -> dict[str, Any]:
         """On a server's first requests (:data:`~.runtime._serve.prompt_cache.FIRST_REQUESTS`): when a prompt saved

@@ -26,6 +26,8 @@ OPTIONAL_FLAGS = (
     "--no-mmap", "--flash-attn", "--cache-reuse", "--props", "--spec-default", "--spec-type", "--spec-draft-model",
     "--model-draft", "--cache-type-k", "--cache-type-v", "--spec-draft-type-k", "--spec-draft-type-v",
     "--cache-type-k-draft", "--cache-type-v-draft", "--rerank", "--slot-save-path", "--cache-ram",
+    # listed by builds whose context shift is off unless asked (older ones list only --no-context-shift)
+    "--context-shift",
     # written by every start (runtime/_serve/features.py: a build without one is refused) or by the memory plan
     "--model", "--ctx-size", "--host", "--port", "--parallel", "--n-gpu-layers", "--tensor-split", "--n-cpu-moe",
     "--device", "--threads", "--threads-batch", "--batch-size", "--ubatch-size", "--chat-template",

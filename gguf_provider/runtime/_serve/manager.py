@@ -81,6 +81,15 @@ class ServerInfo:
     asked_ctx: int | None = None  # set when a server with a larger context was shared for a smaller ``n_ctx``
     prompt_cache: str = ""  # its prompt cache's directory (runtime/_serve/prompt_cache.py); "": none
     flags: dict[str, bool] = field(default_factory=dict)  # its binary's probed flags (features.py); {}: unknown
+    server_args: tuple[str, ...] = ()  # the user's own flags it was started with
+
+    @property
+    def ends_at_context(self) -> bool:
+        """Whether the server itself refuses a prompt that does not fit its context (``exceed_context_size_error``)
+        and ends a reply where the context ends (finish reason ``length``): a server we started from a build whose
+        context shift is off unless asked (its --help lists ``--context-shift``), not asked for it. Then a request
+        need not be counted before it is sent (engine.Engine.aprepare)."""
+        return bool(self.flags.get("--context-shift")) and "--context-shift" not in self.server_args
 
     def alive(self) -> bool:
         return process.process_matches(self.pid, self.create_time, self.alias)
@@ -741,7 +750,8 @@ def _info(key: str, entry: registry.Entry) -> ServerInfo:
     address = Address(socket=entry.socket, url=entry.url, api_key=api_key)
     return ServerInfo(key=key, pid=entry.pid, create_time=entry.create_time, alias=entry.alias, address=address,
                       log_path=Path(entry.log or os.devnull), model=entry.model, n_ctx=entry.n_ctx,
-                      prompt_cache=entry.prompt_cache)
+                      prompt_cache=entry.prompt_cache,
+                      server_args=tuple(str(a) for a in entry.options.get("server_args") or ()))
 
 
 def _spawn_watchdog(key: str, entry: registry.Entry, home: Path) -> None:
