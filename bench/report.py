@@ -132,6 +132,9 @@ def rows(res: dict[str, Any]) -> list[Row]:
             "/v1/messages", p["ttft_extra_ms"], 1, " ms")
         add("P21 Claude Code's requests: TTFT, gateway − its llama-server, wall clock only", "/v1/messages",
             p["ttft_wall_extra_ms"], 1, " ms")
+        if p.get("ttft_held_ms"):
+            add("P21 a reply held as a possible tool call: TTFT, gateway − its llama-server, server prompt time "
+                "taken out", f"request {'/'.join(map(str, p['held_requests']))}", p["ttft_held_ms"], 1, " ms")
         add("P21 Claude Code's second request: prompt tokens evaluated ÷ its prompt tokens", "gateway",
             p["prompt_ratio"], 4)
         add("P21 Claude Code's second request: prompt tokens evaluated ÷ its prompt tokens", "llama-server",

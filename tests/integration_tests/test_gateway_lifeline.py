@@ -36,6 +36,10 @@ SMOL = "SmolLM2-135M-Instruct.Q4_1"
 BATCH = 128  # llama-server's batch here: the most prompt tokens it reads between two checks of the connection
 N_CTX = 8192
 WORDS = 7000  # ~7,000 prompt tokens: several times the bound to read at this model's speed
+# The speed is read on a shorter prompt: every cancel below comes within a prompt's first batches, where reading is
+# at its fastest (attention grows with the context), so this speed gives the tighter bound; and it is read in ~20 s
+# where the whole of a 7,000-word prompt took 90 s here.
+SPEED_WORDS = 2000
 ARGS = ("--ctx", str(N_CTX), "--server-arg=--batch-size", f"--server-arg={BATCH}", "--server-arg=--ubatch-size",
         f"--server-arg={BATCH}")
 IDLE_WINDOW = 0.25  # seconds of (almost) no CPU that say a server is idle
@@ -54,8 +58,8 @@ def prompt(seed: int, words: int = WORDS) -> str:
 
 @dataclass
 class Speed:
-    prompt_tps: float  # prompt tokens per second, as the server timed a cold prompt
-    prompt_tokens: int  # a prompt of WORDS words, in tokens
+    prompt_tps: float  # prompt tokens per second, as the server timed a cold prompt of SPEED_WORDS words
+    prompt_tokens: int  # a prompt of WORDS words, in tokens (scaled from that prompt's)
 
     @property
     def bound(self) -> float:
@@ -65,6 +69,7 @@ class Speed:
 
     @property
     def whole(self) -> float:
+        """Seconds a whole prompt of WORDS words takes at least (the speed of a shorter one)."""
         return self.prompt_tokens / self.prompt_tps
 
 
@@ -79,10 +84,10 @@ def speed(gw: GatewayProc) -> Speed:
     """The server's prompt speed, read from its own timings of a cold prompt of the size the tests send."""
     with httpx.stream("POST", f"{gw.url}/v1/chat/completions", timeout=300, json={
             "model": SMOL, "max_tokens": 1, "stream": True, "stream_options": {"include_usage": True},
-            "messages": [{"role": "user", "content": prompt(1)}]}) as r:
+            "messages": [{"role": "user", "content": prompt(1, SPEED_WORDS)}]}) as r:
         last = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")][-1]
     timings = last["timings"]
-    s = Speed(float(timings["prompt_per_second"]), int(last["usage"]["prompt_tokens"]))
+    s = Speed(float(timings["prompt_per_second"]), int(last["usage"]["prompt_tokens"]) * WORDS // SPEED_WORDS)
     print(f"prompt speed {s.prompt_tps:.0f} tokens/s; {s.prompt_tokens} tokens take {s.whole:.1f} s; "
           f"the bound from a disconnect to an idle slot: {s.bound:.1f} s")
     assert s.whole > 3 * s.bound, f"the prompt ({s.whole:.1f} s) is too short to tell a cancel apart: {s}"
