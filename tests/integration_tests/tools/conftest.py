@@ -35,10 +35,17 @@ def tools_gw(qwen_path: Path) -> Iterator[GatewayProc]:
     a second means a prompt read again from scratch, and the first one lost to its runtime (a running server once
     taken for gone: runtime/_common/process.py, CREATE_TIME_SLACK)."""
     # --keep-alive: the server stays loaded between the tests (the support module's default, 0, would stop it
-    # after each reply and the next test would read its prompt again).
-    with gateway(qwen_path.parent, "-v", "--ctx", str(N_CTX), "--keep-alive", "1800",
-                 env={"GGUF_PROVIDER_HOME": str(kept_home())}) as g:
+    # after each reply and the next test would read its prompt again). --cache-ram 0: with llama-server's host-RAM
+    # prompt cache on, a task that starts moves the other idle slots' prompts into that cache (seen with this
+    # build: a slot's save then holds 0 tokens), so the stop's save found only the slots used last; without it each
+    # slot keeps its prompt (the unified KV cache holds all of this module's) and the stop saves them all.
+    with gateway(qwen_path.parent, "-v", "--ctx", str(N_CTX), "--keep-alive", "1800", "--server-arg=--cache-ram",
+                 "--server-arg=0", env={"GGUF_PROVIDER_HOME": str(kept_home())}) as g:
         yield g
-        starts = [line for line in list(g.output) if "starting llama-server for" in line]
-    assert len(starts) == 1, f"{len(starts)} llama-server starts for one model: {g.log()}"
+    output = list(g.output)  # after the stop (its saves included)
+    for line in output:  # in the run's log (pytest -s): what was restored and saved, for the next run's speed
+        if "prompt cache:" in line:
+            print(line.rstrip())
+    starts = [line for line in output if "starting llama-server for" in line]
+    assert len(starts) == 1, f"{len(starts)} llama-server starts for one model: {''.join(output[-60:])}"
 
