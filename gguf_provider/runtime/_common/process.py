@@ -289,10 +289,11 @@ def wait_healthy(proc: subprocess.Popen[bytes] | None, pid: int, address: Addres
 
 
 # How far a process's start time, as two processes read it, may differ. psutil adds the boot time of /proc/stat
-# (whole seconds, moved by the wall clock's adjustments: NTP) to the start it counts in ticks since boot, so one
-# process reads 1 s apart once that whole second flips: seen here on a loaded VM, where a watchdog and the gateway
-# both took a busy llama-server for gone and a second server was started beside it. A pid reused within this of
-# its predecessor's start (and, for a server, with our marker on its command line) is no risk to meet.
+# (whole seconds, moved when the wall clock is stepped) to the start it counts in ticks since boot, so one process
+# reads 1 s apart once that whole second flips. The suspected cause of what a loaded VM showed here once (a watchdog
+# and the gateway took a busy llama-server for gone; a second was started beside it), not confirmed: no step was
+# seen in the hour watched after. A pid reused within this of its predecessor's start (and, for a server, with our
+# marker on its command line) is no risk to meet.
 CREATE_TIME_SLACK = 2.0
 
 

@@ -162,7 +162,12 @@ def test_aider(tools_gw: GatewayProc, tmp_path: Path) -> None:
     got = replies(proxy, "/v1/chat/completions", tools_gw)
     assert all(r.error is None for r in got), [r.error for r in got]
     out = proc.stdout
-    assert re.search(r"^Tokens: [\d.,k]+ sent, [\d.,k]+ received", out, re.M), out[-2000:]  # its own account
+    if any(r.stop == "length" for r in got):
+        # a reply ended at a bound (a 0.5B model's loop, which the gateway's loop guard ends as "length", seen in a
+        # make test run here): aider's own account of that is its token-limit notice, not its usage line
+        assert "has hit a token limit!" in out, out[-2000:]
+    else:
+        assert re.search(r"^Tokens: [\d.,k]+ sent, [\d.,k]+ received", out, re.M), out[-2000:]  # its own account
     assert "litellm." not in out + proc.stderr, out[-2000:]  # aider prints an API error and still exits 0
     # each edit the model's reply held was applied: the files aider says it wrote are there (the 0.5B model may
     # well name another file than notes.txt: its skill is not tested)
