@@ -128,6 +128,9 @@ def rows(res: dict[str, Any]) -> list[Row]:
         add("P20 TTFT, gateway − its llama-server, wall clock only", "raw httpx", p["ttft_wall_extra_ms"], 1, " ms")
     if "p21" in res:
         p = res["p21"]
+        if "ttft_added_ms" in p:
+            add("P21 Claude Code's request: TTFT added by the gateway, server time taken out",
+                "/v1/messages", p["ttft_added_ms"], 1, " ms")
         add("P21 Claude Code's requests: TTFT, gateway − its llama-server, server prompt time taken out",
             "/v1/messages", p["ttft_extra_ms"], 1, " ms")
         add("P21 Claude Code's requests: TTFT, gateway − its llama-server, wall clock only", "/v1/messages",
@@ -139,6 +142,9 @@ def rows(res: dict[str, Any]) -> list[Row]:
             p["prompt_ratio"], 4)
         add("P21 Claude Code's second request: prompt tokens evaluated ÷ its prompt tokens", "llama-server",
             p["prompt_ratio_direct"], 4)
+    if "p22" in res:
+        add("P22 Responses turn 3 (previous_response_id): prompt tokens evaluated ÷ its prompt tokens",
+            "/v1/responses", res["p22"]["prompt_ratio"], 4)
     for metric, what, summ, digits, unit in peer_rows(res):
         add(metric, what, summ, digits, unit)
     if "p6" in res:
@@ -316,7 +322,16 @@ def write_markdown(res: dict[str, Any], path: Path, cfg: Config) -> None:
         lines += ["", f"P21 ({p['model']}, `--ctx {p['n_ctx']}`, replies of {p['max_tokens']} tokens, {p['rounds']} "
                   f"rounds, {p['fixtures']}): the two requests' prompts: {cold}; the second request evaluated "
                   f"{'/'.join(map(str, sorted(set(p['evaluated']['gateway']))))} tokens in every round through the gateway, "
-                  f"{'/'.join(map(str, sorted(set(p['evaluated']['direct']))))} straight."]
+                  f"{'/'.join(map(str, sorted(set(p['evaluated']['direct']))))} straight."
+                  + (f" The client's own time to first token (a server that costs nothing), taken out of the "
+                     f"gateway's: {p['client_ttft_ms']['median']:.1f} ms (median)." if p.get("client_ttft_ms") else "")]
+    if "p22" in res:
+        p = res["p22"]
+        c = p["cold"]
+        lines += ["", f"P22 ({p['model']}, `--ctx {p['n_ctx']}`, replies of {p['max_tokens']} tokens, {p['rounds']} "
+                  f"rounds, {p['fixture']}): the first turn's {c['tokens']} prompt tokens read cold in "
+                  f"{c['prompt_s']:.0f} s ({c['evaluated']} evaluated); each round's turns had "
+                  f"{p['prompt_tokens'][-1]} prompt tokens and {p['evaluated'][-1]} evaluated (the last round)."]
     for line in peer_notes(res):
         lines += ["", line]
     path.write_text("\n".join(lines) + "\n")
@@ -397,12 +412,12 @@ def write_summary(res: dict[str, Any], path: Path, cfg: Config) -> None:
 
 # docs/benchmarks.md: one sentence each on what P11-P16 compare (issue 34)
 PEER_SENTENCES = {
-    "p11": "P11: decode speed against ChatLlamaCpp and LlamaCPP (llama-cpp-python, our llama.cpp), same settings.",
+    "p11": "P11: decode speed against ChatLlamaCpp and LlamaCPP (llama-cpp-python), same settings.",
     "p12": "P12: four requests at once against what a ChatLlamaCpp user can run.",
     "p13": "P13: memory of two processes on one model: a shared server against a copy each.",
-    "p14": "P14: a fresh process's first token: starting or attaching to a server against loading in process.",
+    "p14": "P14: a fresh process's first token: starting or attaching against loading in process.",
     "p15": "P15: embedding 2,000 chunks against sentence-transformers (same MiniLM), and the vectors' agreement.",
-    "p16": "P16: a 1.5B drafted by its 0.5B against no speculation and the default n-gram one.",
+    "p16": "P16: a 1.5B drafted by its 0.5B against no speculation and n-gram.",
 }
 
 
@@ -502,7 +517,7 @@ def write_docs(res: dict[str, Any], md_path: Path, png_path: Path, cfg: Config, 
     write_chart(res, png_path)
 
 
-SCENARIO_KEYS = ("p1", "p2_replay", "p3", "p4", "p5", "p6", "p7", "p9", "p17", "p18", "p19", "p20", "p21", "p11", "p11_defaults", "p12",
+SCENARIO_KEYS = ("p1", "p2_replay", "p3", "p4", "p5", "p6", "p7", "p9", "p17", "p18", "p19", "p20", "p21", "p22", "p11", "p11_defaults", "p12",
                  "p13", "p14", "p14_coder", "p15", "p16")
 
 

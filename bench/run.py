@@ -14,7 +14,7 @@ Environment: ``BENCH_ROUNDS`` (first rounds, default 9), ``BENCH_MAX_ROUNDS`` (c
 ``BENCH_PAIR_MAX_ROUNDS`` and ``BENCH_PAIR_MAX_STREAMS`` (caps of P1/P2's rounds of the pairs still within noise,
 default 161 rounds or 420 streams in those rounds, whichever comes first), ``BENCH_TOKENS``
 (default 256), ``BENCH_PORT`` (default 18731), ``BENCH_THREADS`` (llama-server threads, default 1), ``BENCH_ONLY``
-(comma list of p1,p3,p4,p5,p6,p7,p8,p9,p17,p18,p19,p20,p21,p11,...,p16 to run a subset, p2 runs with p1; the report then holds only those),
+(comma list of p1,p3,p4,p5,p6,p7,p8,p9,p17,p18,p19,p20,p21,p22,p11,...,p16 to run a subset, p2 runs with p1; the report then holds only those),
 ``BENCH_PEER_THREADS`` (llama.cpp threads of ours and the peers in P11-P16, default 1),
 ``BENCH_OUT`` (a directory for the report instead of docs/ and bench/, e.g. for a second run to compare),
 ``BENCH_BUDGET_S`` (the run's time, default 3540: past a scenario's point in bench/config.py's schedule it adds no
@@ -51,6 +51,7 @@ from bench.scenarios.gateway import bench_gateway
 from bench.scenarios.header import bench_header
 from bench.scenarios.multiturn import bench_multiturn
 from bench.scenarios.prompt_cache import bench_prompt_cache
+from bench.scenarios.responses_replay import bench_responses_replay
 from bench.scenarios.speculative import bench_speculative
 from bench.scenarios.startup import bench_attach, bench_cold, bench_import
 from bench.scenarios.stream import bench_replay, bench_stream
@@ -201,6 +202,9 @@ def run(cfg: Config, results_path: Path) -> dict[str, Any]:
         results_path.write_text(json.dumps(res, indent=1, default=str))
     if "p21" in cfg.only:
         res["p21"] = bench_claude_replay(at("p21"), large)
+        results_path.write_text(json.dumps(res, indent=1, default=str))
+    if "p22" in cfg.only:
+        res["p22"] = bench_responses_replay(at("p22"), large)
         results_path.write_text(json.dumps(res, indent=1, default=str))
     peer_benches(cfg, at, small, large, peer_files, res, results_path)
     res["machine"]["load_after"] = list(os.getloadavg())

@@ -373,6 +373,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 def cmd_gateway(args: argparse.Namespace) -> int:
     from . import gateway
+    from .runtime import default
 
     key = gateway.read_key_file(args.api_key_file) if args.api_key_file else None
     aliases = gateway.Aliases.parse(args.alias, args.aliases)
@@ -381,7 +382,9 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     settings = gateway.Settings(host=args.host, port=gateway.DEFAULT_PORT if port is None else port, api_key=key,
                                 allow_origins=tuple(args.allow_origin), max_body=args.max_body,
                                 keep_alive=args.keep_alive, server_options=options, aliases=aliases,
-                                keepalive=args.stream_keepalive)
+                                keepalive=args.stream_keepalive, key_file=args.api_key_file or "",
+                                responses_max=args.responses_max,
+                                responses_dir=str(default().home() / "responses") if args.responses_on_disk else None)
 
     def ready(url: str) -> None:
         print(f"gateway at {url} (OpenAI {url}/v1, Anthropic {url}, Ollama {url}); models from "
@@ -391,6 +394,14 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
     gateway.serve(settings, on_ready=ready)
     return 0
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from . import launch
+
+    return launch.run(launch.Request(args.tool, model=args.model, small_model=args.small_model, url=args.url,
+                                     api_key_file=args.api_key_file, print_env=args.print_env,
+                                     write_config=args.write_config, args=getattr(args, "tool_args", [])))
 
 
 RPC_WARNING = ("the RPC protocol has no authentication and no encryption: anyone who can reach {where} can run "
@@ -731,12 +742,34 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a streamed reply whose first token takes longer (a long prompt) gets its head and a "
                             "keep-alive every SECONDS until it comes (default 10; clients give up after minutes of "
                             "silence)")
+    serve.add_argument("--responses-on-disk", action="store_true",
+                       help="keep stored Responses API responses (store: true) on disk under the home, across "
+                            "restarts (default: in memory)")
+    serve.add_argument("--responses-max", type=_number(1), default=1024, metavar="N",
+                       help="stored Responses API responses kept at most (default 1024; then the least recently "
+                            "used goes first; 64 MiB in all)")
     serve.add_argument("--alias", action="append", default=[], metavar="PATTERN=MODEL",
                        help="answer requests for PATTERN (a name or a pattern such as 'claude-*') with MODEL "
                             "(repeatable; the first match wins)")
     serve.add_argument("--aliases", metavar="FILE", help="alias rules from a file: one PATTERN=MODEL per line, # "
                        "comments (after the --alias ones)")
     flags.add_to(serve)  # every llama-server option of a chat model, as ChatGGUF and GGUF take it
+    launch = _command(sub, "launch", cmd_launch, "run a coding agent (Claude Code, Codex, opencode) on a local model "
+                      "through the gateway, set up for this run only; `-- ARGS` go to the tool")
+    launch.add_argument("tool", choices=["claude", "codex", "opencode"], help="the agent to run")
+    launch.add_argument("model", nargs="?", help="the model (default: the largest local model whose chat template "
+                        "takes tools, whose context holds the tool's first request and a reply, and that fits "
+                        "this machine; none: launch says why each was passed over)")
+    launch.add_argument("--small-model", metavar="MODEL", help="the tool's small/fast model (Claude Code's and "
+                        "opencode's side requests; default: the same model, so no second one is loaded)")
+    launch.add_argument("--url", help="the gateway to use (default: the one running for this user, else one started "
+                        "for this run and stopped after it)")
+    launch.add_argument("--api-key-file", metavar="PATH", help="the key file of the gateway --url names")
+    launch.add_argument("--print-env", action="store_true",
+                        help="print the shell lines that set the tool up, and run nothing")
+    launch.add_argument("--write-config", action="store_true", help="write the tool's own config (Claude Code's "
+                        "~/.claude/settings.json, Codex's ~/.codex/config.toml profile 'gguf', opencode's "
+                        "opencode.json) for later runs without launch, and run nothing")
     talk = _command(sub, "chat", cmd_chat, "chat with a model in the terminal (streamed replies, /help for commands)")
     talk.add_argument("spec", help="a model: path, name in the models dir, or org/repo[:QUANT]")
     talk.add_argument("--quant", help="the quantization to pick from a repo (as :QUANT)")
@@ -779,7 +812,13 @@ def _show_warning(message: Warning | str, category: type[Warning], filename: str
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    given = sys.argv[1:] if argv is None else list(argv)
+    head, tail = (given[:given.index("--")], given[given.index("--") + 1:]) if "--" in given else (given, [])
+    args = build_parser().parse_args(head) if tail else None
+    if args is None or args.command != "launch":  # `-- ARGS` are launch's tool's; elsewhere argparse's own `--`
+        args = build_parser().parse_args(given)
+    else:
+        args.tool_args = tail
     level = logs.verbosity(args.verbose + getattr(args, "verbose_group", 0) + getattr(args, "verbose_cmd", 0))
     if level is not None:  # else $GGUF_PROVIDER_LOG, applied at import, stands
         logs.enable(level)

@@ -14,6 +14,7 @@ from collections.abc import AsyncGenerator, Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from . import _json
 from .deadline import Deadline
 from .errors import APIError
 from .events import Event, Finish, ReasoningDelta, TextDelta, Timings, ToolCallDelta, Usage
@@ -28,6 +29,8 @@ else:
     httpx = LazyModule("httpx")  # imported at first use (bench P3)
 
 # --- errors ----------------------------------------------------------------------------------------------------
+JSON = {"content-type": "application/json"}  # a body encoded by _json (orjson where installed: bench P21)
+
 # What a failure means is runtime/_serve/diagnose.py's table; error_from_body stays importable from here.
 
 
@@ -64,7 +67,7 @@ class StreamParser:
         if not payload:
             return []
         try:  # ``feed`` inlined: this runs once per token
-            chunk = json.loads(payload)
+            chunk = _json.loads(payload)
         except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
             raise APIError(f"malformed stream payload from llama-server: {payload[:200]!r}") from exc
         if type(chunk) is not dict or "error" in chunk:
@@ -243,7 +246,7 @@ class EngineClient:
         body = {**payload, "stream": True, "stream_options": {"include_usage": True}}
         parser = StreamParser()
         with _timeouts():
-            async with self.ahttp.stream("POST", "/v1/chat/completions", json=body) as r:
+            async with self.ahttp.stream("POST", "/v1/chat/completions", content=_json.dumps(body), headers=JSON) as r:
                 if r.status_code >= 400:
                     _raise_for_status(r, await r.aread())
                 if deadline is not None:
@@ -299,7 +302,7 @@ class EngineClient:
         body = {**payload, "stream": True, "stream_options": {"include_usage": True}}
         parser = StreamParser()
         with _timeouts():
-            with self.http.stream("POST", "/v1/chat/completions", json=body) as r:
+            with self.http.stream("POST", "/v1/chat/completions", content=_json.dumps(body), headers=JSON) as r:
                 if r.status_code >= 400:
                     _raise_for_status(r, r.read())
                 if deadline is not None:

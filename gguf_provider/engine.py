@@ -229,9 +229,9 @@ class Engine:
     def _needs_count(self, payload: dict[str, Any]) -> bool:
         """Whether :meth:`aprepare` counts the prompt before it is sent."""
         n_ctx, info = self.n_ctx, self.info
-        if not n_ctx or limits.fits(payload, n_ctx):
+        if not n_ctx or (info.ends_at_context and n_ctx == info.n_ctx):
             return False
-        return not (info.ends_at_context and n_ctx == info.n_ctx)
+        return not limits.fits(payload, n_ctx)  # the cheap bound walks the payload (~0.5 ms for 76 KB): last
 
     @property
     def props(self) -> dict[str, Any]:

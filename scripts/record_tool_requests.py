@@ -3,9 +3,10 @@
 A small HTTP server stands in for the gateway: it logs every request (method, path, query, headers without
 credentials, JSON body) and answers each with a minimal valid reply in its protocol: ``HEAD /`` 200, a model list
 for ``GET /v1/models``, Anthropic Messages (SSE when asked) for ``POST /v1/messages``, OpenAI chat completions (SSE
-when asked) for ``POST /v1/chat/completions``. The first request that offers the tool named in :data:`RECIPES` is
-answered with a call of that tool (reading ``notes.txt`` in the tool's working dir), so the tool runs it and its
-next request carries the result: a second turn, recorded too.
+when asked) for ``POST /v1/chat/completions``, OpenAI Responses (SSE when asked) for ``POST /v1/responses``. The
+first request that offers the tool named in :data:`RECIPES` is answered with a call of that tool (reading
+``notes.txt`` in the tool's working dir), so the tool runs it and its next request carries the result: a second
+turn, recorded too.
 
 Each tool (installed by scripts/test_tools.py) runs once, non-interactively, in a temp working dir with a temp
 HOME. The requests are written as ``NN-<path>.json`` (``{"method", "path", "query", "headers", "body"}``) with the
@@ -14,7 +15,7 @@ by seeded generated words of the same length, line by line: their shape (fields,
 schemas' structure, sizes) is kept, their authors' prose is not ours to ship. What is ours stays: the prompt, the
 file's content and the tools' results of reading it, the recorder's replies.
 
-Usage: ``python scripts/record_tool_requests.py [claude|opencode|aider|all] ...`` (writes the fixtures; the raw,
+Usage: ``python scripts/record_tool_requests.py [claude|opencode|aider|codex|all] ...`` (writes the fixtures; the raw,
 unscrubbed requests go only to a temp dir, printed).
 """
 
@@ -54,6 +55,7 @@ DROP_HEADERS = {"authorization", "x-api-key", "cookie", "host", "content-length"
 RECIPES: dict[str, tuple[str, dict[str, str]]] = {
     "claude": ("Read", {"file_path": f"{WORKDIR}/notes.txt"}),
     "opencode": ("read", {"filePath": f"{WORKDIR}/notes.txt"}),
+    "codex": ("exec_command", {"cmd": "cat notes.txt"}),
 }
 
 
@@ -161,6 +163,47 @@ def openai_reply(handler: BaseHTTPRequestHandler, body: dict[str, Any], call: tu
     _sse(handler, events)
 
 
+def responses_reply(handler: BaseHTTPRequestHandler, body: dict[str, Any], call: tuple[str, dict[str, str]] | None,
+                    text: str) -> None:
+    """A Responses API reply: one message, or one function call; its events as OpenAI streams them."""
+    rid, now, model = "resp_" + uuid.uuid4().hex[:24], int(time.time()), body.get("model", MODEL)
+    usage = {"input_tokens": 100, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 5,
+             "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 105}
+    head = {"id": rid, "object": "response", "created_at": now, "model": model, "output": [],
+            "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "error": None, "incomplete_details": None}
+    if call is not None:
+        item: dict[str, Any] = {"type": "function_call", "id": "fc_" + uuid.uuid4().hex[:24], "status": "completed",
+                                "call_id": "call_" + uuid.uuid4().hex[:24], "name": call[0],
+                                "arguments": json.dumps(call[1])}
+    else:
+        item = {"type": "message", "id": "msg_" + uuid.uuid4().hex[:24], "status": "completed", "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": []}]}
+    done = {**head, "status": "completed", "output": [item], "usage": usage}
+    if not body.get("stream"):
+        _json(handler, done)
+        return
+    opened = {**item, "status": "in_progress"}
+    steps: list[dict[str, Any]] = [{"type": "response.created", "response": {**head, "status": "in_progress"}},
+                                   {"type": "response.in_progress", "response": {**head, "status": "in_progress"}}]
+    where = {"item_id": item["id"], "output_index": 0}
+    if call is not None:
+        steps += [{"type": "response.output_item.added", "output_index": 0, "item": {**opened, "arguments": ""}},
+                  {"type": "response.function_call_arguments.delta", **where, "delta": item["arguments"]},
+                  {"type": "response.function_call_arguments.done", **where, "arguments": item["arguments"],
+                   "name": item["name"]}]
+    else:
+        part = {"type": "output_text", "text": "", "annotations": []}
+        at = {**where, "content_index": 0}
+        steps += [{"type": "response.output_item.added", "output_index": 0, "item": {**opened, "content": []}},
+                  {"type": "response.content_part.added", **at, "part": part},
+                  {"type": "response.output_text.delta", **at, "delta": text, "logprobs": []},
+                  {"type": "response.output_text.done", **at, "text": text, "logprobs": []},
+                  {"type": "response.content_part.done", **at, "part": {**part, "text": text}}]
+    steps += [{"type": "response.output_item.done", "output_index": 0, "item": item},
+              {"type": "response.completed", "response": done}]
+    _sse(handler, [(step["type"], {**step, "sequence_number": i}) for i, step in enumerate(steps)])
+
+
 def make_handler(rec: Recorder) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -212,6 +255,8 @@ def make_handler(rec: Recorder) -> type[BaseHTTPRequestHandler]:
             elif path.endswith("/chat/completions"):
                 text = REPLY if rec.tool != "aider" else aider_edit()
                 openai_reply(self, body, rec.tool_call_for(offered, body), text)
+            elif path.endswith("/responses"):
+                responses_reply(self, body, rec.tool_call_for(offered, body), REPLY)
             else:
                 _json(self, {"error": {"message": f"no {path}"}}, 404)
 
@@ -241,6 +286,9 @@ def run_tool(tool: str, url: str, work: Path, home: Path) -> subprocess.Complete
         write_opencode_config(work, url)
         env.update({"OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_SHARE": "1"})
         cmd = [exe, "run", PROMPT]
+    elif tool == "codex":
+        env.update(codex_env(home, url))
+        cmd = codex_cmd(exe, PROMPT)
     else:
         env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
         cmd = aider_cmd(exe, url, AIDER_PROMPT)
@@ -267,6 +315,22 @@ def write_opencode_config(work: Path, url: str, output_limit: int | None = None)
                                     "options": {"baseURL": f"{url}/v1", "apiKey": "x"},
                                     "models": {MODEL: model}}}}
     (work / "opencode.json").write_text(json.dumps(config, indent=2))
+
+
+def codex_env(home: Path, url: str) -> dict[str, str]:
+    """A CODEX_HOME under ``home`` whose config.toml names the server at ``url`` as the provider ``local``, over the
+    Responses API (Codex's only wire API), its key in LOCAL_KEY."""
+    codex_home = home / ".codex"
+    codex_home.mkdir(parents=True, exist_ok=True)
+    (codex_home / "config.toml").write_text(
+        f'model = "{MODEL}"\nmodel_provider = "local"\ncheck_for_update_on_startup = false\n\n'
+        f'[model_providers.local]\nname = "local"\nbase_url = "{url}/v1"\nenv_key = "LOCAL_KEY"\n'
+        'wire_api = "responses"\n\n[analytics]\nenabled = false\n')
+    return {"CODEX_HOME": str(codex_home), "LOCAL_KEY": "x"}
+
+
+def codex_cmd(exe: str, prompt: str) -> list[str]:
+    return [exe, "exec", "--skip-git-repo-check", "--ephemeral", "--sandbox", "read-only", "--color", "never", prompt]
 
 
 def aider_cmd(exe: str, url: str, message: str) -> list[str]:
@@ -316,7 +380,8 @@ class Scrubber:
         self.ours = [s for s in ours if s]
 
     def __call__(self, value: Any, path: str = "$", key: str = "") -> Any:
-        if isinstance(value, dict) and (value.get("type") == "tool_result" or value.get("role") == "tool"):
+        if isinstance(value, dict) and (value.get("type") in ("tool_result", "function_call_output")
+                                        or value.get("role") == "tool"):
             return self.keep(value)  # the output of running a tool on our file: ours
         if isinstance(value, dict):
             return {k: self(v, f"{path}.{k}", k) for k, v in value.items()}
@@ -366,6 +431,21 @@ def scrub_metadata(body: Any) -> Any:
     return body
 
 
+UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def zero_uuids(value: Any) -> Any:
+    """Every UUID in ``value`` zeroed: Codex sends its installation, session, thread and turn ids in headers, in
+    ``client_metadata``, ``prompt_cache_key`` and its items' ids (the dashes and the length are kept)."""
+    if isinstance(value, dict):
+        return {k: zero_uuids(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [zero_uuids(v) for v in value]
+    if isinstance(value, str):
+        return UUID.sub(lambda m: re.sub(r"[0-9a-f]", "0", m.group()), value)
+    return value
+
+
 def fixture_name(i: int, req: dict[str, Any]) -> str:
     path = req["path"].strip("/").replace("/", "-") or "root"
     return f"{i:02d}-{req['method'].lower()}-{path}.json"
@@ -383,8 +463,8 @@ def write_fixtures(tool: str, rec: Recorder, ours: list[str]) -> list[Path]:
         headers = {k: v for k, v in req["headers"].items() if k not in ("x-claude-code-session-id",)}
         if "x-claude-code-session-id" in req["headers"]:
             headers["x-claude-code-session-id"] = "00000000-0000-0000-0000-000000000000"
-        fixture = {"method": req["method"], "path": req["path"], "query": req["query"], "headers": headers,
-                   "body": scrub_metadata(scrub(req["body"]))}
+        fixture = zero_uuids({"method": req["method"], "path": req["path"], "query": req["query"],
+                              "headers": headers, "body": scrub_metadata(scrub(req["body"]))})
         (out / name).write_text(json.dumps(fixture, indent=1, ensure_ascii=False) + "\n")
         written.append(out / name)
     return written

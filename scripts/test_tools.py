@@ -6,12 +6,13 @@
 
 - Claude Code (npm ``@anthropic-ai/claude-code``), speaking Anthropic's Messages API;
 - opencode (npm ``opencode-ai``), speaking OpenAI chat completions through ``@ai-sdk/openai-compatible``;
-- aider (PyPI ``aider-chat``, in its own venv: it pins litellm and many others), OpenAI chat completions via litellm.
+- aider (PyPI ``aider-chat``, in its own venv: it pins litellm and many others), OpenAI chat completions via litellm;
+- Codex CLI (npm ``@openai/codex``), speaking only OpenAI's Responses API.
 
-Idempotent: a second run checks three directories and returns at once. `make setup-test` runs it; the tests in
+Idempotent: a second run checks four directories and returns at once. `make setup-test` runs it; the tests in
 tests/integration_tests/test_tools_live.py find the tools with :func:`tool_path`. Needs ``npm`` (Node 18+) on PATH.
 
-Usage: ``python scripts/test_tools.py [claude|opencode|aider|all] ...`` (prints each tool's path; exit 1 if one cannot
+Usage: ``python scripts/test_tools.py [claude|opencode|aider|codex|all] ...`` (prints each tool's path; exit 1 if one cannot
 be installed).
 """
 
@@ -49,6 +50,9 @@ TOOLS = {
         Tool("claude", "npm", "@anthropic-ai/claude-code", "2.1.197", "node_modules/.bin/claude"),
         Tool("opencode", "npm", "opencode-ai", "1.18.33", "node_modules/.bin/opencode"),
         Tool("aider", "pip", "aider-chat", "0.86.2", "venv/bin/aider"),
+        # the OpenAI Agents SDK: it needs openai 3, which the test extra's llama-index-llms-openai refuses
+        Tool("agents", "pip", "openai-agents", "0.24.0", "venv/bin/python"),
+        Tool("codex", "npm", "@openai/codex", "0.171.0", "node_modules/.bin/codex"),
     )
 }
 MARKER = ".installed"  # holds the tool's `--version` output, written last

@@ -101,3 +101,12 @@ def _release_servers_at_end() -> Iterator[None]:
     manager = sys.modules.get("gguf_provider.runtime._serve.manager")
     if manager is not None and getattr(manager, "_manager", True) is not None:
         manager.get_manager().release_all()
+
+
+@pytest.fixture(autouse=True)
+def _close_test_clients() -> Iterator[None]:
+    """The clients a test made with tests.support.clients.closed_after_test are closed when it ends."""
+    yield
+    from tests.support.clients import close_all
+
+    close_all()

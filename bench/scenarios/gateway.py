@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 
 from bench import machine
-from bench.config import GOALS, Config
+from bench.config import GOALS, ROOT, Config
 from bench.log import log
 from bench.rounds import adaptive
 from bench.stats import summary
@@ -67,15 +67,17 @@ def stream(client: httpx.Client, path: str, body: dict[str, Any]) -> dict[str, f
             "prompt": timings["prompt_ms"] / 1000, "predicted": timings["predicted_ms"] / 1000}
 
 
-def start_gateway(cfg: Config, model: Path, n_ctx: int, keep_alive: float, who: str
+def start_gateway(cfg: Config, model: Path, n_ctx: int, keep_alive: float, who: str, boundary: Path | None = None
                   ) -> tuple[subprocess.Popen[str], str, deque[str]]:
     """`gguf-provider serve` with no model over ``model``'s directory (speculation off, ``cfg.threads``): the
     process, its URL and its last output lines (read on in a thread, so its pipe never fills). ``keep_alive``: the
-    server outlives the gateway's hold while a straight request runs."""
+    server outlives the gateway's hold while a straight request runs. ``boundary``: its upstream requests timed
+    into that file (:mod:`bench.boundary`)."""
     env = dict(os.environ, GGUF_PROVIDER_MODELS=str(model.parent), GGUF_PROVIDER_KEEP_ALIVE=str(keep_alive))
-    proc = subprocess.Popen([sys.executable, "-m", "gguf_provider.cli", "serve", "--port", "0", "--ctx", str(n_ctx),
+    cli = ["-m", "gguf_provider.cli"] if boundary is None else ["-m", "bench.boundary", str(boundary)]
+    proc = subprocess.Popen([sys.executable, *cli, "serve", "--port", "0", "--ctx", str(n_ctx),
                              "--speculative", "off", "--threads", str(cfg.threads)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True, cwd=ROOT)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if not line.startswith("gateway at"):

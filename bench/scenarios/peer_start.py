@@ -385,7 +385,7 @@ def rows(p13: dict[str, Any] | None, p14: dict[str, Any] | None) -> list[Row]:
     out: list[Row] = []
     who = "ChatGGUF (+ shared server) ÷ ChatLlamaCpp"
     for m in [*(p13 or {}).get("models", {}).values(), *(p13 or {}).get("same_ctx", {}).values()]:
-        how = f"both n_ctx {m['same_n_ctx']}" if m.get("same_n_ctx") else "each with its defaults"
+        how = f"both n_ctx {m['same_n_ctx']}" if m.get("same_n_ctx") else "their defaults"
         out.append((f"P13 PSS of two processes on one model, ours ÷ theirs ({m['model']}, {how})", who,
                     m["ratio_pss"], 2, ""))
         out.append((f"P13 total RSS of two processes using one model ({m['model']}, {how}), ours ÷ theirs", who,
@@ -398,7 +398,7 @@ def rows(p13: dict[str, Any] | None, p14: dict[str, Any] | None) -> list[Row]:
                     " MB"))
     if p14:
         for case, text in (("cold", "no server running (ours spawns one)"),
-                           ("shared", "a server already shared (ours attaches)")):
+                           ("shared", "a server already shared")):
             if case not in p14:
                 continue
             c = p14[case]

@@ -20,7 +20,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..runtime import default as runtime
-from . import anthropic, ollama, openai
+from . import anthropic, ollama, openai, responses
 from .common import Refused, report
 from .lifeline import Lifeline
 from .state import DEFAULT_PORT, Gateway, Settings, is_loopback
@@ -34,14 +34,20 @@ def _protocol(path: str) -> Callable[[BaseException], Response]:
         return ollama.error
     if path.startswith("/v1/messages"):
         return anthropic.error
+    if path.startswith("/v1/responses"):
+        return responses.error
     return openai.error
 
 
-def _stream_error(path: str, exc: BaseException) -> bytes:
+def _stream_error(scope: Scope, exc: BaseException) -> bytes:
+    path = scope["path"]
     if path.startswith("/api/"):
         return ollama.stream_error(exc)
     if path.startswith("/v1/messages"):
         return anthropic.stream_error(exc)
+    if path.startswith("/v1/responses"):  # numbered after the stream's last event
+        out = scope.get(responses.SCOPE_KEY)
+        return responses.stream_error(exc, out.seq if out is not None else 0)
     return openai.stream_error(exc)
 
 
@@ -125,7 +131,7 @@ async def _root(gw: Gateway, request: Request) -> Response:
 def create_app(settings: Settings) -> Starlette:
     """The gateway's ASGI app."""
     gw = Gateway(settings)
-    o, a, ol = openai.error, anthropic.error, ollama.error
+    o, a, ol, r = openai.error, anthropic.error, ollama.error, responses.error
     routes = [
         _route(gw, "/", _root, o, ("GET", "HEAD")),
         _route(gw, "/v1/chat/completions", openai.chat_completions, o),
@@ -133,6 +139,10 @@ def create_app(settings: Settings) -> Starlette:
         _route(gw, "/v1/embeddings", openai.embeddings, o),
         _route(gw, "/v1/rerank", openai.rerank, o),
         _route(gw, "/v1/models", openai.models, o, ("GET",)),
+        _route(gw, "/v1/responses", responses.create, r),
+        _route(gw, "/v1/responses/{id}", responses.retrieve, r, ("GET",)),
+        _route(gw, "/v1/responses/{id}/input_items", responses.list_input_items, r, ("GET",)),
+        _route(gw, "/v1/responses/{id}", responses.delete, r, ("DELETE",)),
         _route(gw, "/v1/messages", anthropic.create, a),
         _route(gw, "/v1/messages/count_tokens", anthropic.count_tokens, a),
         _route(gw, "/api/chat", ollama.chat_, ol),
@@ -156,7 +166,7 @@ def create_app(settings: Settings) -> Starlette:
     middleware = [Middleware(Guard, settings=settings)]
     if settings.allow_origins:
         middleware.insert(0, Middleware(CORSMiddleware, allow_origins=list(settings.allow_origins),
-                                        allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"]))
+                                        allow_methods=["GET", "POST", "DELETE", "OPTIONS"], allow_headers=["*"]))
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
     app.state.gateway = gw
     return app
@@ -239,11 +249,26 @@ def serve(settings: Settings, *, on_ready: Callable[[str], None] | None = None) 
                             timeout_keep_alive=30)
     server = Server(config)
     signal.signal(signal.SIGHUP, lambda *_: server.handle_exit(signal.SIGTERM, None))
+
+    def stopped(*_: object) -> None:
+        raise _Stopped
+
+    # uvicorn raises the signal it stopped for again once it has put the handlers back: with SIGTERM's default one
+    # the process died there, before the record below was removed. Ours ends serve() after it is.
+    signal.signal(signal.SIGTERM, stopped)
     address = url(sock, settings.host)
-    with runtime().gateway(address):
-        if on_ready is not None:
-            on_ready(address)
-        server.run(sockets=[sock])
+    n_ctx = settings.server_options.get("n_ctx")
+    try:
+        with runtime().gateway(address, key_file=settings.key_file, n_ctx=n_ctx if isinstance(n_ctx, int) else None):
+            if on_ready is not None:
+                on_ready(address)
+            server.run(sockets=[sock])
+    except _Stopped:
+        pass
+
+
+class _Stopped(Exception):
+    """SIGTERM, raised again by uvicorn after its shutdown."""
 
 
 __all__ = ["DEFAULT_PORT", "App", "Gateway", "Settings", "create_app", "read_key_file", "serve"]

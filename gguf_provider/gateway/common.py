@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from .. import _json
 from ..engine import Engine
 from ..errors import (
     APIError,
@@ -110,7 +111,7 @@ async def json_body(request: Request) -> dict[str, Any]:
     """The request's JSON object (BadRequest when it is none)."""
     raw = await request.body()
     try:
-        body = json.loads(raw) if raw else None
+        body = _json.loads(raw) if raw else None
     except ValueError as exc:
         raise BadRequest(f"the body is not JSON: {exc}") from exc
     if not isinstance(body, dict):

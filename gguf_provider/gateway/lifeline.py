@@ -29,11 +29,12 @@ class Stopping(Exception):
 
 
 class Lifeline:
-    """The ASGI middleware; ``answer(path)`` gives the protocol's error response (an ASGI app) and
-    ``stream_error(path, exc)`` its in-stream error event, for the request at ``path``."""
+    """The ASGI middleware; ``answer(path)`` gives the protocol's error response (an ASGI app) for the request at
+    ``path``, and ``stream_error(scope, exc)`` its in-stream error event for the request of ``scope`` (the scope the
+    app was given: a stream may leave there what its error event needs)."""
 
     def __init__(self, app: ASGIApp, answer: Callable[[str, BaseException], ASGIApp],
-                 stream_error: Callable[[str, BaseException], bytes]) -> None:
+                 stream_error: Callable[[Scope, BaseException], bytes]) -> None:
         self.app = app
         self.answer = answer
         self.stream_error = stream_error
@@ -127,7 +128,7 @@ class _Request:
             if not self.started:
                 await self.line.answer(self.scope["path"], exc)(self.scope, self.receive, self._send)
                 return
-            event = self.line.stream_error(self.scope["path"], exc)
+            event = self.line.stream_error(self.scope, exc)
             lead = b"" if not self.tail or self.tail.endswith(b"\n\n") or (
                 event.startswith(b"{") and self.tail.endswith(b"\n")) else b"\n\n"
             await self._send({"type": "http.response.body", "body": lead + event, "more_body": False})

@@ -71,15 +71,20 @@ def chat_request(body: dict[str, Any]) -> chat.ChatRequest:
         raise BadRequest("`n` must be 1: one choice per request")
     params = {k: v for k, v in body.items() if k not in _READ}
     params["max_tokens"] = field(body, "max_completion_tokens", int) or field(body, "max_tokens", int)
-    effort = field(body, "reasoning_effort", str)
-    reasoning: chat.Reasoning = None
-    if effort is not None:
-        reasoning = False if effort in ("none", "minimal") else effort if effort in chat.REASONING_EFFORTS else True
+    reasoning = reasoning_of(field(body, "reasoning_effort", str))
     return chat.ChatRequest(
         messages=messages, tools=field(body, "tools", list, default=[]),
         tool_choice=chat.normalize_tool_choice(body.get("tool_choice")),
         response_format=_response_format(field(body, "response_format", dict)), params=params, reasoning=reasoning,
         loop_guard=field(body, "loop_guard", bool, default=True), max_time=body.get("max_time", "auto"))
+
+
+def reasoning_of(effort: str | None) -> chat.Reasoning:
+    """OpenAI's reasoning effort as the chat layer's reasoning: none and minimal are off, low/medium/high that
+    effort, any other (xhigh, ...) on."""
+    if effort is None:
+        return None
+    return False if effort in ("none", "minimal") else effort if effort in chat.REASONING_EFFORTS else True
 
 
 def _response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -15,6 +15,7 @@ from ..runtime import default as runtime
 from .aliases import Aliases
 from .common import KEEPALIVE
 from .pool import DEFAULT_HOLD, ModelPool
+from .responses_store import MAX_RESPONSES, DiskBackend, ResponseStore
 
 DEFAULT_PORT = 11480  # not Ollama's 11434, nor llama-server's 8080
 DEFAULT_MAX_BODY = 64 * 2**20  # bytes of one request's body (images travel inline)
@@ -34,6 +35,9 @@ class Settings:
     server_options: dict[str, Any] = field(default_factory=dict)
     aliases: Aliases = field(default_factory=Aliases)  # names clients ask for -> local models (aliases.py)
     keepalive: float = KEEPALIVE  # a stream's head waits this long for the first event, then a keep-alive each time
+    responses_dir: str | None = None  # where stored Responses API responses are kept (None: in memory)
+    responses_max: int = MAX_RESPONSES  # stored Responses API responses kept at most (then least recently used first)
+    key_file: str = ""  # where api_key was read from: the gateway's record names it for `launch` (never the key)
 
     def __post_init__(self) -> None:
         if not self.keepalive > 0:
@@ -89,6 +93,8 @@ class Gateway:
         self.settings = settings
         self.pool = ModelPool(server_options=settings.server_options, keep_alive=settings.keep_alive,
                               hold=settings.hold, aliases=settings.aliases)
+        self.responses = ResponseStore(DiskBackend(settings.responses_dir) if settings.responses_dir else None,
+                                       max_responses=settings.responses_max)
 
     async def model_list(self, *, identify: bool = False) -> list[Listed]:
         """The models dirs and the Hugging Face cache, then any loaded model not among them; ``identify``: with

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._common.cancel import Cancel
     from ._common.model_source import ModelSource
-    from ._common.process import Address
+    from ._common.process import Address, dies_with_parent
     from ._common.progress import Progress
     from ._front import Devices, ModelPlan, Runtime, Stopped, default
     from ._install.backend import InUse
@@ -34,7 +34,7 @@ _HOMES = {
     "ServerSpec": "_serve.server_options", "ServerConfig": "_serve.config", "ServerOption": "_serve.server_options", "OPTIONS": "_serve.server_options",
     "Status": "_serve.status", "ServerStatus": "_serve.status", "BudgetStatus": "_serve.status",
     "GatewayStatus": "_serve.status",
-    "DEFAULT_START_TIMEOUT": "_serve.health", "Address": "_common.process", "InUse": "_install.backend",
+    "DEFAULT_START_TIMEOUT": "_serve.health", "Address": "_common.process", "dies_with_parent": "_common.process", "InUse": "_install.backend",
     "ServerCapabilities": "_install.discovery",
     "ModelRef": "_models", "ModelSource": "_common.model_source", "Resolution": "_models", "ResolvedModel": "_models",
     "LocalModel": "_models", "Cancel": "_common.cancel", "Progress": "_common.progress",
@@ -51,7 +51,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "Address", "BudgetStatus", "Cancel", "default", "DEFAULT_START_TIMEOUT", "Devices", "GatewayStatus", "InUse", "Lease", "LocalModel", "ModelPlan",
+    "Address", "BudgetStatus", "Cancel", "default", "DEFAULT_START_TIMEOUT", "dies_with_parent", "Devices", "GatewayStatus", "InUse", "Lease", "LocalModel", "ModelPlan",
     "ModelRef", "ModelSource", "OPTIONS", "Progress", "Resolution", "ResolvedModel", "Runtime", "ServerCapabilities", "ServerConfig", "ServerInfo",
     "ServerOption", "ServerSpec", "ServerStatus", "Status", "Stopped",
 ]

@@ -119,13 +119,20 @@ class Runtime:
 
         return status(live=live)
 
+    def home(self) -> Path:
+        """The directory gguf-provider keeps its state in (``$GGUF_PROVIDER_HOME`` or the user cache dir)."""
+        from ._common import paths
+
+        return paths.home()
+
     @contextmanager
-    def gateway(self, url: str) -> Iterator[None]:
+    def gateway(self, url: str, *, key_file: str = "", n_ctx: int | None = None) -> Iterator[None]:
         """While the body runs, this process is a gateway at ``url``: ``status`` (``gguf-provider ps``) says which
-        servers it holds."""
+        servers it holds; ``key_file`` (the file its clients' key is in, "" for none) and ``n_ctx`` (its --ctx)
+        are recorded for the clients that look it up (``gguf-provider launch``)."""
         from ._serve.status import register_gateway, unregister_gateway
 
-        path = register_gateway(url)
+        path = register_gateway(url, key_file=key_file, n_ctx=n_ctx)
         try:
             yield
         finally:

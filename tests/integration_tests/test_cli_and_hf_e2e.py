@@ -18,7 +18,7 @@ from gguf_provider import ChatGGUF
 from gguf_provider.runtime._serve import registry
 from tests.support.hf_endpoint import HFEndpoint
 from tests.support.hf_repos import MAIN, SPLIT
-from tests.support.runtime import serving_line
+from tests.support.runtime import reap, serving_line
 
 CLI = [sys.executable, "-m", "gguf_provider.cli"]
 # The slowest here: the Hub fixture's first set-up (~25 s) and two servers (~15 s under 2 hogs on 2 cores); 15x.
@@ -96,8 +96,7 @@ def test_cli_serve_ps_stop(smollm2_path: Path) -> None:
         print(f"serve exited {time.monotonic() - t0:.1f} s after the stop")
         assert serve.returncode == 0
     finally:
-        if serve.poll() is None:
-            serve.kill()
+        reap(serve)
 
 
 def test_cli_stop_unknown_id_fails() -> None:

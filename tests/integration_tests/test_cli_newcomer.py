@@ -17,7 +17,7 @@ import pytest
 from gguf_provider.runtime._serve import registry
 from tests.support.hf_endpoint import HFEndpoint
 from tests.support.hf_repos import MAIN
-from tests.support.runtime import serving_line
+from tests.support.runtime import reap, serving_line
 
 CLI = [sys.executable, "-X", "dev", "-W", "always", "-m", "gguf_provider.cli"]
 # Each command starts (or reuses) a small server: ~2 s, ~15 s under 2 hogs on 2 cores; the Hub fixture ~25 s.
@@ -92,8 +92,7 @@ def test_serve_names_the_model_and_stop_says_what_runs(smollm2_path: Path) -> No
         rest = serve.stdout.read()
         assert not [w for w in LEAKS if w in rest], rest
     finally:
-        if serve.poll() is None:
-            serve.kill()
+        reap(serve)
 
 
 def _env(hub: HFEndpoint, **extra: str) -> dict[str, str]:

@@ -13,13 +13,14 @@ import base64
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
 
+from tests.support.clients import closed_after_test
 from tests.support.gateway import GatewayProc, gateway
-from tests.support.runtime import wait_until
+from tests.support.runtime import reap, wait_until
 from tests.support.timing import REACT
 
 pytestmark = pytest.mark.slow
@@ -53,6 +54,9 @@ def gw(smollm2_path: Path, qwen_path: Path, minilm_path: Path, reranker_path: Pa
         yield g
 
 
+T = TypeVar("T")
+
+
 def long_prompt() -> str:
     return "word " * (N_CTX * 2)  # well over the context in any tokenizer
 
@@ -63,7 +67,7 @@ def long_prompt() -> str:
 def openai_client(gw: GatewayProc) -> Any:
     import openai
 
-    return openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
+    return closed_after_test(openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0))
 
 
 def test_openai_sdk_chat_stream_and_whole_agree(gw: GatewayProc) -> None:
@@ -112,8 +116,7 @@ def test_a_model_a_script_holds_is_the_one_the_gateway_serves(gw: GatewayProc, s
         script.stdin.flush()
         assert via.choices[0].message.content == json.loads(script.stdout.readline())
     finally:
-        script.kill()
-        script.wait(30)
+        reap(script)
 
 
 def test_openai_sdk_forced_tool_call_streamed(gw: GatewayProc) -> None:
@@ -250,7 +253,7 @@ GREEDY = {"temperature": 0}  # this anthropic SDK has no temperature keyword (ne
 def anthropic_client(gw: GatewayProc) -> Any:
     import anthropic
 
-    return anthropic.Anthropic(base_url=gw.url, api_key="unused", max_retries=0)
+    return closed_after_test(anthropic.Anthropic(base_url=gw.url, api_key="unused", max_retries=0))
 
 
 def test_anthropic_sdk_create_and_stream_agree(gw: GatewayProc) -> None:
@@ -328,7 +331,7 @@ def test_langchain_chat_anthropic(gw: GatewayProc) -> None:
 def ollama_client(gw: GatewayProc) -> Any:
     import ollama
 
-    return ollama.Client(host=gw.url)
+    return closed_after_test(ollama.Client(host=gw.url))
 
 
 def test_ollama_client_chat_stream_and_whole_agree(gw: GatewayProc) -> None:
@@ -368,7 +371,7 @@ def test_ollama_client_num_ctx_keep_alive_and_errors(gw: GatewayProc) -> None:
                         options={"num_ctx": 1024, "num_predict": 4}, keep_alive=0)
     assert reply.done
     # keep_alive 0: the server it started for that context stops at once (no other process holds it)
-    wait_until(lambda: not [p for p in gw.servers() if "1024" in p.cmdline()], 30)
+    wait_until(lambda: not [p for p in gw.servers() if "1024" in p.cmdline()], REACT)
     with pytest.raises(ollama.ResponseError) as nf:
         client.chat(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
     assert nf.value.status_code == 404
@@ -402,18 +405,22 @@ def test_ollama_tool_call_and_structured_output(gw: GatewayProc) -> None:
 def test_langchain_chat_ollama_and_embeddings(gw: GatewayProc) -> None:
     from langchain_ollama import ChatOllama, OllamaEmbeddings
 
-    llm = ChatOllama(model=SMOL, base_url=gw.url, temperature=0, num_predict=24, format=ONE_COLOUR)
+    def closing(model: T) -> T:  # ChatOllama and OllamaEmbeddings have no close(): their ollama client is closed
+        closed_after_test(model._client)  # type: ignore[attr-defined]
+        return model
+
+    llm = closing(ChatOllama(model=SMOL, base_url=gw.url, temperature=0, num_predict=24, format=ONE_COLOUR))
     whole = llm.invoke("Name a colour.")  # constrained: see test_ollama_client_chat_stream_and_whole_agree
     streamed = "".join(str(c.content) for c in llm.stream("Name a colour."))
     assert json.loads(streamed) == json.loads(str(whole.content)) == {"colour": "red"}
-    tools = ChatOllama(model=QWEN, base_url=gw.url, temperature=0, format=CALL_SCHEMA)
+    tools = closing(ChatOllama(model=QWEN, base_url=gw.url, temperature=0, format=CALL_SCHEMA))
     msg = tools.bind_tools([WEATHER_TOOL]).invoke("What's the weather in Paris?")
     assert [tc["name"] for tc in msg.tool_calls] == ["get_weather"]
-    emb = OllamaEmbeddings(model=MINILM, base_url=gw.url)
+    emb = closing(OllamaEmbeddings(model=MINILM, base_url=gw.url))
     assert len(emb.embed_query("hello")) == 384
     colour = {"title": "Colour", "type": "object", "required": ["colour"],
               "properties": {"colour": {"type": "string", "maxLength": 20}}}
-    structured = ChatOllama(model=QWEN, base_url=gw.url, temperature=0).with_structured_output(colour)
+    structured = closing(ChatOllama(model=QWEN, base_url=gw.url, temperature=0)).with_structured_output(colour)
     assert isinstance(structured.invoke("Give a colour.")["colour"], str)  # type: ignore[index]
 
 
@@ -451,9 +458,7 @@ def test_concurrent_streams_are_all_served(gw: GatewayProc) -> None:
     """32 streams at once on one model: every one completes, none errors."""
     import openai
 
-    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0, timeout=600)
-
-    async def one(i: int) -> str:
+    async def one(client: Any, i: int) -> str:
         stream = await client.chat.completions.create(
             model=SMOL, messages=[{"role": "user", "content": f"Count to {i % 5 + 3}."}], max_tokens=16,
             temperature=0, stream=True)
@@ -465,7 +470,8 @@ def test_concurrent_streams_are_all_served(gw: GatewayProc) -> None:
         return reasons[0]
 
     async def main() -> list[str]:
-        return await asyncio.gather(*(one(i) for i in range(32)))
+        async with openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0, timeout=600) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(32)))
 
     assert len(asyncio.run(main())) == 32
 
@@ -484,15 +490,14 @@ def test_requests_for_a_loading_model_wait_for_one_load(gw: GatewayProc) -> None
     def starts() -> int:
         return sum(f"starting llama-server for {QWEN}.gguf" in line for line in list(gw.output))
 
-    client = ollama.Client(host=gw.url)
+    client = closed_after_test(ollama.Client(host=gw.url))
     client.chat(model=QWEN, messages=[], keep_alive=0)  # the gateway's lease on it given back, its server stopped
     wait_until(lambda: not qwen_servers(), REACT)
     before = starts()
-    aclient = ollama.AsyncClient(host=gw.url)
-
     async def main() -> list[Any]:
-        return await asyncio.gather(*(aclient.chat(model=QWEN, messages=[{"role": "user", "content": "hi"}],
-                                                   options={"num_ctx": 1536, "num_predict": 4}) for _ in range(4)))
+        async with ollama.AsyncClient(host=gw.url) as aclient:
+            return await asyncio.gather(*(aclient.chat(model=QWEN, messages=[{"role": "user", "content": "hi"}],
+                                                       options={"num_ctx": 1536, "num_predict": 4}) for _ in range(4)))
 
     assert all(r.done for r in asyncio.run(main()))
     wait_until(lambda: starts() > before, REACT)  # the line went out before the server answered: the pipe's lag
@@ -506,7 +511,7 @@ def test_the_memory_budget_evicts_what_the_gateway_no_longer_uses(smollm2_path: 
 
     env = {"GGUF_PROVIDER_MAX_MODELS": "1", "GGUF_PROVIDER_KEEP_ALIVE": "600"}
     with gateway(smollm2_path.parent, "--ctx", "1024", env=env) as g:
-        client = ollama.Client(host=g.url)
+        client = closed_after_test(ollama.Client(host=g.url))
 
         def serving() -> list[str]:
             return [Path(p.cmdline()[p.cmdline().index("-m") + 1]).stem for p in g.servers()]
@@ -515,13 +520,13 @@ def test_the_memory_budget_evicts_what_the_gateway_no_longer_uses(smollm2_path: 
         assert serving() == [SMOL]
         # held (its ten seconds after the last request): given back to make room
         assert client.chat(model=QWEN, messages=[{"role": "user", "content": "hi"}], options={"num_predict": 2}).done
-        wait_until(lambda: serving() == [QWEN], 30)
+        wait_until(lambda: serving() == [QWEN], REACT)
         # let go at once (keep_alive 0.1 s), then idle on its own: evicted by the budget
         client.chat(model=SMOL, messages=[{"role": "user", "content": "hi"}], options={"num_predict": 2},
                     keep_alive="100ms")
-        wait_until(lambda: serving() == [SMOL], 30)
+        wait_until(lambda: serving() == [SMOL], REACT)
         assert client.chat(model=QWEN, messages=[{"role": "user", "content": "hi"}], options={"num_predict": 2}).done
-        wait_until(lambda: serving() == [QWEN], 30)
+        wait_until(lambda: serving() == [QWEN], REACT)
 
 
 def test_key_required_off_loopback_and_checked(tmp_path: Path, smollm2_path: Path) -> None:
@@ -542,10 +547,13 @@ def test_key_required_off_loopback_and_checked(tmp_path: Path, smollm2_path: Pat
     key.chmod(0o600)
     with gateway(smollm2_path.parent, "--api-key-file", str(key)) as g:
         assert "s3cret" not in " ".join(g.proc.args)  # type: ignore[arg-type]
-        assert httpx.get(f"{g.url}/v1/models").status_code == 401
-        assert httpx.get(f"{g.url}/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
-        assert httpx.get(f"{g.url}/v1/models", headers={"Authorization": "Bearer s3cret-key"}).status_code == 200
-        assert httpx.get(f"{g.url}/api/tags", headers={"x-api-key": "s3cret-key"}).status_code == 200
+        def get(path: str, **headers: str) -> int:  # the listing reads each model's header: not 5 s on a busy machine
+            return httpx.get(f"{g.url}{path}", headers=headers, timeout=REACT).status_code
+
+        assert get("/v1/models") == 401
+        assert get("/v1/models", Authorization="Bearer wrong") == 401
+        assert get("/v1/models", Authorization="Bearer s3cret-key") == 200
+        assert get("/api/tags", **{"x-api-key": "s3cret-key"}) == 200
 
 
 # --- what the adapters guarantee, through the gateway ------------------------------------------------------------
@@ -602,7 +610,7 @@ def test_ollama_pull_streams_progress_then_serves_the_model(smollm2_path: Path, 
 
     name = f"{MAIN}:Q8_0"
     with gateway(smollm2_path.parent, env={"HF_HUB_OFFLINE": "0"}) as g:
-        client = ollama.Client(host=g.url)
+        client = closed_after_test(ollama.Client(host=g.url))
         parts = list(client.pull(name, stream=True))
         assert parts[0].status == "pulling manifest" and parts[-1].status == "success"
         sized = [p for p in parts if p.total]

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.clients import closed_after_test
 from tests.support.gateway import GatewayProc, gateway
 
 pytestmark = pytest.mark.slow
@@ -86,7 +87,7 @@ def test_anthropic_pings_before_the_first_token_and_the_sdk_reads_through(gw: Ga
 
     import anthropic
 
-    client = anthropic.Anthropic(base_url=gw.url, api_key="unused", timeout=TIMEOUT, max_retries=0)
+    client = closed_after_test(anthropic.Anthropic(base_url=gw.url, api_key="unused", timeout=TIMEOUT, max_retries=0))
     with client.messages.stream(model=SMOL, max_tokens=8,
                                 messages=[{"role": "user", "content": prompt(2, words)}]) as stream:
         message = stream.get_final_message()
@@ -104,7 +105,7 @@ def test_openai_comments_before_the_first_chunk_and_the_sdk_reads_through(gw: Ga
 
     import openai
 
-    client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+    client = closed_after_test(openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", timeout=TIMEOUT, max_retries=0))
     chunks = list(client.chat.completions.create(model=SMOL, max_tokens=8, stream=True,
                                                  messages=[{"role": "user", "content": prompt(4, words)}]))
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -128,7 +129,7 @@ def test_ollama_empty_pieces_before_the_first_token_and_the_client_reads_through
 
     import ollama
 
-    client = ollama.Client(host=gw.url, timeout=TIMEOUT)
+    client = closed_after_test(ollama.Client(host=gw.url, timeout=TIMEOUT))
     parts = list(client.chat(model=SMOL, stream=True, options={"num_predict": 8},
                              messages=[{"role": "user", "content": prompt(6, words)}]))
     assert parts[-1].done and parts[-1].eval_count >= 1
@@ -155,7 +156,7 @@ def test_an_error_after_the_head_is_the_protocols_error_event(gw: GatewayProc) -
 
     import anthropic
 
-    client = anthropic.Anthropic(base_url=gw.url, api_key="unused", timeout=TIMEOUT, max_retries=0)
+    client = closed_after_test(anthropic.Anthropic(base_url=gw.url, api_key="unused", timeout=TIMEOUT, max_retries=0))
     unload(gw)
     with pytest.raises(anthropic.APIStatusError) as raised:
         with client.messages.stream(model=QWEN, max_tokens=8,

@@ -146,6 +146,8 @@ REQUESTS = {
                                                    "messages": [{"role": "user", "content": p}]}),
     "ollama": ("/api/chat", lambda p, n, s: {"model": SMOL, "stream": s, "options": {"num_predict": n},
                                              "messages": [{"role": "user", "content": p}]}),
+    "openai-responses": ("/v1/responses", lambda p, n, s: {"model": SMOL, "max_output_tokens": n, "stream": s,
+                                                           "input": p}),
 }
 
 
@@ -179,7 +181,7 @@ def long_stream(gw: GatewayProc, protocol: str, marker: bytes, count: int) -> tu
     return sock, got
 
 
-@pytest.mark.parametrize("protocol", ["openai-chat", "anthropic", "openai-completions"])
+@pytest.mark.parametrize("protocol", ["openai-chat", "anthropic", "openai-completions", "openai-responses"])
 def test_a_client_leaving_mid_stream_stops_the_generation(gw: GatewayProc, speed: Speed, protocol: str) -> None:
     """After a few streamed tokens of a reply asked to run long (ignore_eos): the slot is idle within the bound."""
     proc = server(gw)
@@ -207,13 +209,14 @@ class Outcome:
 
 
 def _rest(sock: socket.socket) -> bytes:
-    """What the socket gets until the other side closes."""
+    """What the socket gets until the other side closes; then it is closed."""
     data = b""
-    try:
-        while chunk := sock.recv(65536):
-            data += chunk
-    except OSError:
-        pass
+    with sock:
+        try:
+            while chunk := sock.recv(65536):
+                data += chunk
+        except OSError:
+            pass
     return data
 
 
@@ -258,16 +261,32 @@ def test_a_gateway_told_to_stop_ends_requests_in_prompt_processing(smollm2_path:
         assert json.loads(outcomes["anthropic"].body)["error"]["type"] == "api_error"
         assert outcomes["ollama"].status == 503 and "stopping" in json.loads(outcomes["ollama"].body)["error"]
         assert not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+        # it ended as told, having removed its record (`ps`, `launch` read it): SIGTERM 0, SIGINT 130
+        assert gw.proc.returncode == (0 if sig == signal.SIGTERM else 130), gw.proc.returncode
+        assert not list((gw.run_dir / "gateways").glob("*.json"))
 
 
-def test_a_gateway_told_to_stop_mid_stream_ends_the_stream_with_an_error_event(smollm2_path: Path) -> None:
-    """A stream that has started gets the protocol's error event (Anthropic's ``event: error``) and ends."""
+# protocol -> (a delta's marker, what its error event holds, the end event it must not reach)
+STOP_EVENTS = {"anthropic": (b"event: content_block_delta", '"type":"api_error"', b"message_stop"),
+               "openai-responses": (b"event: response.output_text.delta", '"code":"server_error"',
+                                    b"response.completed")}
+
+
+@pytest.mark.parametrize("protocol", list(STOP_EVENTS))
+def test_a_gateway_told_to_stop_mid_stream_ends_the_stream_with_an_error_event(smollm2_path: Path,
+                                                                               protocol: str) -> None:
+    """A stream that has started gets the protocol's error event (``event: error``: Anthropic's; the Responses
+    API's, numbered after the stream's last event) and ends."""
+    marker, shape, end = STOP_EVENTS[protocol]
     with gateway(smollm2_path.parent, *ARGS) as gw:
-        sock, got = long_stream(gw, "anthropic", b"event: content_block_delta", 2)
+        sock, got = long_stream(gw, protocol, marker, 2)
         gw.proc.send_signal(signal.SIGTERM)
         got += _rest(sock)
         gw.proc.wait(STOP_BOUND)
         events = [e for e in got.split(b"\n\n") if e.strip(b"\r\n0")]
         last = events[-1].decode(errors="replace")
-        assert "event: error" in last and '"type":"api_error"' in last and "stopping" in last, last
-        assert not any(b"message_stop" in e for e in events)
+        assert "event: error" in last and shape in last and "stopping" in last, last
+        assert not any(end in e for e in events)
+        if protocol == "openai-responses":
+            numbers = [json.loads(e.split(b"data: ", 1)[1])["sequence_number"] for e in events if b"data: " in e]
+            assert numbers == list(range(numbers[0], numbers[0] + len(numbers))), numbers

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.clients import closed_after_test
 from tests.support.gateway import GatewayProc, gateway
 
 pytestmark = pytest.mark.slow
@@ -50,7 +51,7 @@ def gw(models: Path) -> Iterator[GatewayProc]:
 def client(gw: GatewayProc) -> Any:
     import ollama
 
-    return ollama.Client(host=gw.url, timeout=300)
+    return closed_after_test(ollama.Client(host=gw.url, timeout=300))
 
 
 def expected_sha(key: str) -> str:

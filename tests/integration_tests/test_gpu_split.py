@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -57,7 +58,7 @@ def test_a_model_larger_than_the_device_is_split_between_it_and_ram(
         (server,) = rt.servers()
         argv = server.cmdline()
         assert argv[argv.index("-ngl") + 1] == str(ngl) and argv[argv.index("--fit") + 1] == "off"
-        log = open(split.info.log_path, errors="replace").read()
+        log = Path(split.info.log_path).read_text(errors="replace")
         # What llama.cpp did is what the plan said: the layer count and the device's weights.
         assert f"offloaded {ngl}/{n_layer + 1} layers to GPU" in log
         (rpc_mib,) = (float(m) for m in re.findall(r"RPC0\[[^\]]*\] model buffer size =\s+([\d.]+) MiB", log))

@@ -36,6 +36,8 @@ def _kill_all(proc: subprocess.Popen[str], rt: RuntimeEnv) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(GONE_WITHIN)
+    if proc.stdout is not None:
+        proc.stdout.close()
     for p in rt.servers():
         p.kill()
 
@@ -272,7 +274,8 @@ def test_an_install_killed_mid_build_leaves_no_compiler_behind(tmp_path: Path, s
         assert not (home / "bin" / f"{install.SOURCE_PIN}-cpu" / "installed.json").exists()
         import filelock
 
-        filelock.FileLock(str(home / "locks" / "install.lock"), timeout=0).acquire()  # not held by a leftover
+        with filelock.FileLock(str(home / "locks" / "install.lock"), timeout=0):  # not held by a leftover
+            pass
     finally:
         for p in held:
             with contextlib.suppress(psutil.Error):

@@ -246,8 +246,9 @@ def test_unload(ip: Any, gemma_path: Path) -> None:
     assert "second" not in _magics(ip).models
     # keep_alive is 0 in the tests: the last lease's release stopped it before returning (SIGKILL past the grace).
     assert not info.alive()
-    with pytest.raises(httpx.TransportError):
-        httpx.Client(transport=httpx.HTTPTransport(uds=info.address.socket)).get("http://x/health")
+    with httpx.Client(transport=httpx.HTTPTransport(uds=info.address.socket)) as probe, \
+            pytest.raises(httpx.TransportError):
+        probe.get("http://x/health")
 
 
 def test_quickstart_notebook_executes(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ measured here).
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import psutil
 import pytest
@@ -36,7 +37,7 @@ def test_the_plan_is_what_llama_cpp_allocates_on_the_cpu(rt: RuntimeEnv, which: 
         info = engine.load()
         header = gguf.read_header(model)
         placed = plan.for_model(header, [model], [devices.host_device()], n_ctx=engine.n_ctx)
-        log = open(info.log_path, errors="replace").read()
+        log = Path(info.log_path).read_text(errors="replace")
         (server,) = rt.servers()
         assert_plan_matches_log(placed, log, rss=server.memory_info().rss)
         # The budget charges at least what the plan puts in memory, and the prompt cache on top.

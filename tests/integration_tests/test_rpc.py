@@ -24,7 +24,8 @@ from gguf_provider.events import TextDelta
 from gguf_provider.runtime._common.process import free_port
 from gguf_provider.runtime._memory import rpc
 from tests.support.probs import assert_same_distribution, next_token_probs
-from tests.support.runtime import ROOT, RuntimeEnv, wait_until
+from tests.support.runtime import ROOT, RuntimeEnv, reap, wait_until
+from tests.support.timing import REACT
 
 pytestmark = pytest.mark.timeout(300)  # a hang guard: the slowest test takes ~12 s under load; 25x
 
@@ -45,7 +46,8 @@ class Worker:
                                      cwd=ROOT, start_new_session=True)
         self.lines: list[str] = []
         self._seen: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
+        self._pumping = threading.Thread(target=self._pump, daemon=True)
+        self._pumping.start()
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None
@@ -73,6 +75,9 @@ class Worker:
         except ProcessLookupError:
             pass
         self.proc.wait(10)  # SIGKILLed: it exits at once
+        self._pumping.join(10)  # the group is gone: its output ends
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
 
 
 @pytest.fixture
@@ -157,7 +162,7 @@ def test_a_worker_killed_mid_stream_is_a_typed_error_then_named_on_the_next_call
         assert ei.value.workers == (w2.endpoint,)
         assert w2.endpoint in str(ei.value) and "rpc-worker" in str(ei.value)
         # it aborted: gone at the first look under load
-        wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 10)
+        wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, REACT)
 
         # The next call does not hang on the dead worker: a typed error naming it, in seconds (the probe's
         # refusal, ~0.1 s under load; a hang is the start timeout or the request's, minutes).
@@ -223,7 +228,8 @@ def test_serve_and_magics_take_rpc(rt: RuntimeEnv, workers: list[Worker]) -> Non
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(30)  # serve stops its server and exits: ~0.2 s under load
-    wait_until(lambda: not rt.servers(), 15)  # ~0.01 s under load
+        reap(proc)
+    wait_until(lambda: not rt.servers(), REACT)  # ~0.01 s under load
 
     shell = globalipapp.start_ipython() or globalipapp.get_ipython()  # None: started by an earlier test
     shell.run_line_magic("load_ext", "gguf_provider")

@@ -8,9 +8,9 @@ import time
 from typing import Any
 
 import httpx
-import psutil
 import pytest
 
+from gguf_provider.runtime._common import process
 from gguf_provider.runtime._serve import manager as mgr
 from gguf_provider.runtime._serve import registry
 from gguf_provider.runtime._serve.server_options import ServerSpec
@@ -93,7 +93,7 @@ def test_foreign_server_survives_sweeps_and_stop_all(rt: RuntimeEnv) -> None:
                 return False
 
         wait_until(healthy, 60, 0.1)  # a start: typical ~3 s on a loaded 2-core machine; 20x
-        fctime = psutil.Process(foreign.pid).create_time()
+        fctime = process.create_time(foreign.pid)
 
         # A managed server (keep_alive so it outlives its client) that `stop --all` must stop.
         c = rt.child(chat=False, keep_alive=300)

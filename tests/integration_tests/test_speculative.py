@@ -29,7 +29,8 @@ from gguf_provider.errors import DraftModelMismatchError, MemoryBudgetWarning, S
 from gguf_provider.llama_index import GGUF
 from gguf_provider.runtime._common import gguf
 from gguf_provider.runtime._serve import budget, speculative
-from tests.support.runtime import ROOT, RuntimeEnv, wait_until
+from tests.support.runtime import ROOT, RuntimeEnv, reap, wait_until
+from tests.support.timing import REACT
 
 # A hang guard: the slowest test takes ~42 s under load, 10x; but the one marked below.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -216,7 +217,7 @@ def test_q8_0_cache_fits_a_larger_automatic_context_under_a_memory_limit(
         finally:
             engine.unload()
         # its charge is gone before the next one is admitted (unload stopped it: ~0.01 s under load)
-        wait_until(lambda: not rt.servers(), 15)
+        wait_until(lambda: not rt.servers(), REACT)
     assert contexts == {"f16": expected("f16"), "q8_0": expected("q8_0")}
     # 2 bytes vs 34/32 per element (1.88x), less the compute buffers that grow with the context too
     assert contexts["q8_0"] >= 1.4 * contexts["f16"]
@@ -258,6 +259,7 @@ def test_serve_takes_speculative_and_kv_cache_type(rt: RuntimeEnv) -> None:
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(30)  # serve stops its server and exits: ~0.2 s under load
-    wait_until(lambda: not rt.servers(), 15)  # ~0.01 s under load
+        reap(proc)
+    wait_until(lambda: not rt.servers(), REACT)  # ~0.01 s under load
     bad = rt.gguf_cli("serve", str(rt.model), "--kv-cache-type", "q9_0")
     assert bad.returncode == 2 and "did you mean 'q8_0'" in bad.stderr

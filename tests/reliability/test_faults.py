@@ -17,7 +17,7 @@ from gguf_provider.runtime._serve import health, registry
 from gguf_provider.runtime._serve import manager as mgr
 from gguf_provider.runtime._serve.config import resolve_spec
 from tests.reliability.report import write_report
-from tests.support.runtime import RuntimeEnv, pid_alive, wait_until
+from tests.support.runtime import RuntimeEnv, pid_alive, reap, wait_until
 
 FIGURES: dict[str, dict[str, object]] = {}  # scenario -> measured figures, written to reliability-faults.json
 
@@ -220,5 +220,4 @@ def test_registry_locked_by_a_dead_process_is_recovered(rt: RuntimeEnv) -> None:
         FIGURES["registry lock held by a killed process"] = {
             "figure": f"next request answered {time.monotonic() - t0:.2f} s after the holder died", "survived": True}
     finally:
-        if holder.poll() is None:
-            holder.kill()
+        reap(holder)

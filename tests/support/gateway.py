@@ -87,6 +87,9 @@ def gateway(models_dir: Path, *args: str, env: dict[str, str] | None = None,
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)
+        pump.join(10)  # the pipe's end once the gateway is gone; then its file is closed (no ResourceWarning later)
+        if proc.stdout is not None:
+            proc.stdout.close()
         left = gw.servers()
         for p in left:
             p.kill()

@@ -7,6 +7,7 @@ it; the helpers (``pid_alive``, ``wait_until``, ``RuntimeEnv``) are imported as 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -184,6 +185,17 @@ def serving_line(stdout: Any) -> str:
     if line.startswith("gguf-provider: llama-server:"):
         line = stdout.readline()
     return line
+
+
+def reap(proc: subprocess.Popen[Any], timeout: float = 30.0) -> None:
+    """A child a test started, ended: killed if it still runs, waited for, its pipes closed."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout)
+    for f in (proc.stdin, proc.stdout, proc.stderr):
+        if f is not None:
+            with contextlib.suppress(OSError):
+                f.close()
 
 
 def wait_until(cond: Callable[[], bool], timeout: float, interval: float = 0.05) -> float:

@@ -216,7 +216,90 @@ def check_openai_error(status: int, obj: Any) -> Reply:
     return Reply(error=obj["error"])
 
 
-# --- one exchange, either protocol -------------------------------------------------------------------------------
+# --- OpenAI Responses --------------------------------------------------------------------------------------------
+
+RESPONSES_ENDS = {"response.completed", "response.incomplete", "response.failed"}
+
+
+def _validate_responses_event(adapter: Any, obj: dict[str, Any]) -> None:
+    # the SDK's ResponseError.code lists no context_length_exceeded, which OpenAI sends and Codex reads
+    error = (obj.get("response") or {}).get("error") or {}
+    if error.get("code") == "context_length_exceeded":
+        obj = {**obj, "response": {**obj["response"], "error": {**error, "code": "server_error"}}}
+    adapter.validate_python(obj)
+
+
+def check_responses_stream(raw: bytes) -> Reply:
+    """The Responses stream: events numbered 0, 1, ... (keep-alive comments aside), each validated by the openai
+    SDK's types; response.created first; each output item added, then its parts' and arguments' deltas, then done
+    (one open at a time), the done item holding what its deltas added up to; last, one of response.completed,
+    .incomplete or .failed whose response holds the items done, or an ``error`` event."""
+    from openai.types.responses import ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    adapter: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
+    events = sse_events(raw)
+    assert events, "an empty stream"
+    reply = Reply()
+    items: list[dict[str, Any]] = []  # the items done
+    open_item: dict[str, Any] | None = None
+    text = ""  # the open item's text (a message's, the reasoning's) or arguments, as its deltas added up
+    for i, (name, data) in enumerate(events):
+        obj = json.loads(data)
+        kind = obj.get("type")
+        assert name == kind, f"event {name!r} carries data of type {kind!r}"
+        assert obj.get("sequence_number") == i, f"event {i} ({kind}) is numbered {obj.get('sequence_number')}"
+        if kind == "error":
+            assert i == len(events) - 1 and obj.get("message"), "events after an error event"
+            reply.error = obj
+            return reply
+        _validate_responses_event(adapter, obj)
+        assert (i == 0) == (kind == "response.created"), f"event {i} is {kind}"
+        if kind == "response.output_item.added":
+            assert open_item is None and obj["output_index"] == len(items), (obj, len(items))
+            open_item, text = obj["item"], ""
+        elif kind in ("response.output_text.delta", "response.reasoning_text.delta",
+                      "response.function_call_arguments.delta"):
+            assert open_item is not None and obj["item_id"] == open_item["id"], obj
+            text += obj["delta"]
+        elif kind == "response.output_item.done":
+            item = obj["item"]
+            assert open_item is not None and item["id"] == open_item["id"], obj
+            whole = item["arguments"] if item["type"] == "function_call" else \
+                "".join(p.get("text", "") for p in item.get("content") or ())
+            assert whole == text, (whole, text)
+            if item["type"] == "function_call" and item["status"] == "completed":
+                assert item["call_id"] and item["name"], item
+                assert isinstance(json.loads(item["arguments"] or "{}"), dict), item
+            items.append(item)
+            open_item = None
+        elif kind in RESPONSES_ENDS:
+            assert i == len(events) - 1, f"events after {kind}"
+            assert open_item is None, f"{kind} with an item still open"
+            response = obj["response"]
+            assert response["status"] == kind.split(".")[1] and response["output"] == items, response
+            reply.stop, reply.blocks = response["status"], items
+            reply.usage = response.get("usage") or {}
+            reply.error = response.get("error")
+        else:
+            assert kind in ("response.created", "response.in_progress", "response.content_part.added",
+                            "response.content_part.done", "response.output_text.done",
+                            "response.reasoning_text.done", "response.function_call_arguments.done"), kind
+    assert reply.stop is not None, "the stream ended without response.completed, .incomplete or .failed"
+    if reply.stop != "failed":
+        assert reply.usage["input_tokens"] > 0 and reply.usage["output_tokens"] >= 0, reply.usage
+    return reply
+
+
+def check_responses_object(obj: dict[str, Any]) -> Reply:
+    from openai.types.responses import Response
+
+    r = Response.model_validate(obj)
+    assert r.object == "response" and r.status in ("completed", "incomplete") and r.usage is not None, obj
+    return Reply(stop=r.status, usage=obj["usage"], blocks=obj["output"])
+
+
+# --- one exchange, any protocol ----------------------------------------------------------------------------------
 
 
 @dataclass
@@ -238,7 +321,8 @@ def check_exchange(ex: Exchange) -> Reply | None:
     """The reply as its protocol says (2xx) or a well-formed error (4xx/5xx); None for what is not a chat reply."""
     anthropic = ex.path.startswith("/v1/messages") and not ex.path.endswith("count_tokens")
     chat = ex.path.endswith("/chat/completions")
-    if ex.method == "HEAD" or not (anthropic or chat):
+    responses = ex.path.endswith("/responses") and ex.method == "POST"
+    if ex.method == "HEAD" or not (anthropic or chat or responses):
         assert ex.status < 400 or ex.path.endswith("count_tokens"), f"{ex.method} {ex.path}: {ex.status}"
         return None
     if ex.status >= 400:
@@ -250,9 +334,13 @@ def check_exchange(ex: Exchange) -> Reply | None:
         assert ex.content_type.startswith("text/event-stream"), ex.content_type
         if anthropic:
             return check_anthropic_stream(ex.body)
+        if responses:
+            return check_responses_stream(ex.body)
         include = bool((ex.request.get("stream_options") or {}).get("include_usage"))
         return check_openai_stream(ex.body, include)
     obj = json.loads(ex.body)
+    if responses:
+        return check_responses_object(obj)
     return check_anthropic_message(obj) if anthropic else check_openai_completion(obj)
 
 

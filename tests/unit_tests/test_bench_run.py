@@ -242,3 +242,47 @@ def test_p21_sends_llama_server_the_prompt_the_gateway_reads() -> None:
         through = messages(body.get("system"), body["messages"])
         assert through[0] == {"role": "system", "content": direct["system"]}
         assert through[1:] == messages(None, direct["messages"])
+
+
+def test_the_boundary_timer_times_a_chat_request_to_its_first_text(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench.boundary (P21): one line per POST /v1/chat/completions, from the hand-over to the transport to the
+    first chunk holding text (not the role chunk before it); other requests are not timed."""
+    import asyncio
+
+    import httpx
+
+    from bench import boundary
+
+    pause = 0.05
+    chunks = [b'data: {"choices":[{"delta":{"role":"assistant","content":null}}]}\n\n',
+              b'data: {"choices":[{"delta":{"content":"1"}}]}\n\n', b"data: [DONE]\n\n"]
+
+    class Slow(httpx.AsyncByteStream):
+        async def __aiter__(self):  # type: ignore[no-untyped-def]
+            for i, chunk in enumerate(chunks):
+                if i == 1:
+                    await asyncio.sleep(pause)
+                yield chunk
+
+    async def server(self: httpx.AsyncHTTPTransport, request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, stream=Slow() if request.method == "POST" else httpx.ByteStream(b"{}"))
+
+    monkeypatch.setattr(httpx.AsyncHTTPTransport, "handle_async_request", server)
+    log = tmp_path / "boundary.jsonl"
+    uninstall = boundary.install(str(log))
+
+    async def run() -> list[bytes]:
+        async with httpx.AsyncClient(base_url="http://llama-server", transport=httpx.AsyncHTTPTransport()) as c:
+            await c.get("/health")
+            async with c.stream("POST", "/v1/chat/completions", json={}) as r:
+                return [chunk async for chunk in r.aiter_raw()]
+
+    t0 = time.perf_counter()
+    try:
+        assert b"".join(asyncio.run(run())) == b"".join(chunks)  # passed on as it came
+    finally:
+        uninstall()
+    lines, offset = boundary.read(str(log), 0)
+    assert len(lines) == 1 and offset == log.stat().st_size
+    assert t0 <= lines[0]["sent"] and lines[0]["first"] - lines[0]["sent"] >= pause

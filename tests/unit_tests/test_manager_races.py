@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any
 
 import filelock
 import httpx
+import psutil
 import pytest
 
 from gguf_provider.errors import LoadCancelled, ServerConnectionError, ServerStartError
@@ -623,6 +625,7 @@ def test_an_entry_from_the_untyped_version_is_read_and_shared(world: World) -> N
     def as_version_1(e: dict[str, Any]) -> None:
         for name in ("schema_version", "family", "charge", "rss", "rpc_servers", "started_at", "last_used"):
             e.pop(name)
+        _as_wall_clock(e)
 
     _rewrite(world, as_version_1)
     entry = world.entry(lease_a)
@@ -632,6 +635,31 @@ def test_an_entry_from_the_untyped_version_is_read_and_shared(world: World) -> N
     saved = json.loads(world.reg.path().read_text())[lease_a.info.key]
     assert saved["schema_version"] == registry.SCHEMA_VERSION and set(saved["leases"]) == {
         client_pid(a), client_pid(b)}
+
+
+def _as_wall_clock(e: dict[str, Any]) -> None:
+    """Start times as versions before 3 wrote them: psutil's (the boot time of now plus the ticks since boot)."""
+    boot = psutil.boot_time() if sys.platform.startswith("linux") else 0.0
+    e["create_time"] += boot
+    e["leases"] = {pid: t + boot for pid, t in e["leases"].items()}
+
+
+def test_an_entry_of_version_2_with_the_wall_clocks_start_times_names_the_same_server(world: World) -> None:
+    a, b = world.client(), world.client()
+    lease_a = a.acquire(world.spec())
+
+    def as_version_2(e: dict[str, Any]) -> None:
+        e["schema_version"] = 2
+        _as_wall_clock(e)
+
+    _rewrite(world, as_version_2)
+    entry = world.entry(lease_a)
+    assert abs(entry.create_time - world.procs.create_time(lease_a.info.pid)) < 1.0  # boot time: whole seconds
+    lease_b = b.acquire(world.spec())
+    assert lease_b.info.pid == lease_a.info.pid and len(world.launcher.spawned) == 1 and world.procs.stopped == []
+    saved = json.loads(world.reg.path().read_text())[lease_a.info.key]
+    assert saved["schema_version"] == registry.SCHEMA_VERSION == 3
+    assert set(saved["leases"]) == {client_pid(a), client_pid(b)}
 
 
 def test_an_entry_from_a_newer_version_keeps_its_fields(world: World) -> None:

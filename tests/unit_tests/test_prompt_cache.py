@@ -128,7 +128,23 @@ def test_trim_deletes_least_recently_used_first_and_leftovers(tmp_path: Path, mo
     assert pc.trim(int(1.5 * one), base=tmp_path, now=now + 1) == [new.path]
     assert old.path.exists() and old.sidecar.exists() and not new.sidecar.exists()
     assert pc.trim(0, base=tmp_path, now=now + 1) == [old.path]
-    assert not d1.exists()  # an empty directory goes too
+    assert d1.exists()  # empty, but changed just now: it may be a starting server's (CI: "not a directory")
+    assert pc.trim(0, base=tmp_path, now=time.time() + pc.STALE_TMP + 1) == []
+    assert not d1.exists()  # an empty directory untouched for longer goes
+
+
+def test_a_directory_handed_to_a_server_outlives_another_process_trim(tmp_path: Path, monkeypatch: Any) -> None:
+    """Seen in CI: a server's --slot-save-path removed as empty by another process's trim() between server_dir()
+    and the spawn; llama-server refused to start ("not a directory")."""
+    monkeypatch.setattr(pc, "root", lambda: tmp_path)
+    old = tmp_path / "old"
+    old.mkdir()
+    os.utime(old, (time.time() - 2 * pc.STALE_TMP,) * 2)
+    d = pc.server_dir("ident")
+    os.utime(d, (time.time() - 2 * pc.STALE_TMP,) * 2)
+    d = pc.server_dir("ident")  # handed out again: touched
+    pc.trim(0)
+    assert d.is_dir() and not old.exists()
 
 
 def test_choose_the_longest_shared_prefix_above_the_threshold(tmp_path: Path, model: Path) -> None:
@@ -181,6 +197,18 @@ def test_only_the_first_requests_look(tmp_path: Path, model: Path) -> None:
     saved(d, list(range(400)), model=model)
     cache = pc.ServerCache(d, model=str(model), build="b1", first_requests=2)
     assert cache.pending() and cache.pending() and cache.pending() == []
+
+
+def test_a_server_with_nothing_saved_looks_once(tmp_path: Path, model: Path) -> None:
+    """Nothing saved at its first request: the next ones do not list the directory again (each listing is a thread
+    hop on a gateway's path to the first token), even if a save appears meanwhile."""
+    d = tmp_path / "ident"
+    d.mkdir()
+    cache = pc.ServerCache(d, model=str(model), build="b1")
+    assert cache.pending() == [] and cache.left == 0
+    saved(d, list(range(400)), model=model)
+    assert cache.pending() == []
+    assert pc.ServerCache(d, model=str(model), build="b1").pending()  # the next server finds it
 
 
 def test_free_slot() -> None:
@@ -338,3 +366,15 @@ def test_nothing_is_saved_with_the_cache_off(saving: tuple[Path, Clock], model: 
     monkeypatch.setenv(pc.ENV, "0")
     server = FakeServer(d, [_slot(0, 400)], clock)
     assert pc.save_slots(server.address(), d, model=str(model)) == [] and server.saves == []
+
+
+def test_a_directory_trimmed_while_empty_is_made_again_for_the_save(saving: tuple[Path, Clock], model: Path) -> None:
+    """A server that ran long with nothing saved may find its directory gone (another process's trim()): the save
+    makes it again, 0700, rather than losing the prompts."""
+    d, clock = saving
+    server = FakeServer(d, [_slot(0, 400)], clock)
+    d.rmdir()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PromptCacheWarning)
+        saved_ = pc.save_slots(server.address(), d, model=str(model))
+    assert [s.n_tokens for s in saved_] == [400] and d.stat().st_mode & 0o777 == 0o700

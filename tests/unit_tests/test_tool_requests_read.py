@@ -1,4 +1,4 @@
-"""The requests real tools sent (tests/fixtures/tools/, recorded from Claude Code, opencode and aider), read by the
+"""The requests real tools sent (tests/fixtures/tools/, recorded from Claude Code, opencode, aider and Codex), read by the
 gateway's translation offline: every top-level field is one the gateway declares honoured or ignored, none is
 refused, and what the tool asked for reaches the chat layer (the replay against a real gateway:
 tests/integration_tests/tools/test_tool_fixtures.py)."""
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gguf_provider.gateway import anthropic, openai
+from gguf_provider.gateway import anthropic, openai, responses
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "tools"
 RECORDED = sorted(FIXTURES.glob("*/*.json"))
@@ -24,7 +24,7 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def test_every_tool_was_recorded() -> None:
-    assert {p.parent.name for p in RECORDED} >= {"claude", "opencode", "aider"}
+    assert {p.parent.name for p in RECORDED} >= {"claude", "opencode", "aider", "codex"}
 
 
 @pytest.mark.parametrize("path", [p for p in RECORDED if load(p)["path"] == "/v1/messages"], ids=lambda p: p.stem)
@@ -66,3 +66,38 @@ def test_claude_codes_turns_share_their_system_prompt() -> None:
     tags = [load(p)["body"]["system"][0]["text"] for p in RECORDED if load(p)["path"] == "/v1/messages"]
     assert tags[0] != tags[1] and all(t.startswith("x-anthropic-billing-header:") for t in tags)
     assert first.messages[0] == second.messages[0]
+
+
+@pytest.mark.parametrize("path", [p for p in RECORDED if load(p)["path"] == "/v1/responses"], ids=lambda p: p.stem)
+def test_codexs_requests_are_read_field_by_field(path: Path) -> None:
+    """Codex 0.171 (Responses API only): every field declared, none refused; its developer messages lead the
+    prompt as one system message; its namespace's functions are offered by name, its web_search tool is not; its
+    session ids (client_metadata, prompt_cache_key) and include do not reach llama-server; store false."""
+    body = load(path)["body"]
+    assert not set(body) - set(responses.FIELDS), set(body) - set(responses.FIELDS)
+    assert not [k for k in body if responses.FIELDS[k][0] == "refused"]
+    turn = responses.read(body, [])
+    req = turn.req
+    developer = [i for i in body["input"] if i.get("role") == "developer"]
+    assert req.messages[0]["role"] == "system" and "system" not in [m["role"] for m in req.messages[1:]]
+    assert all(p["text"] in req.messages[0]["content"] for i in developer for p in i["content"])
+    space = next(t for t in body["tools"] if t["type"] == "namespace")
+    functions = [f["name"] for t in body["tools"] for f in (t["tools"] if t["type"] == "namespace" else [t])
+                 if t["type"] != "web_search"]
+    assert [t["function"]["name"] for t in req.tools] == functions
+    assert turn.spaces == {t["name"]: space["name"] for t in space["tools"]}
+    assert {t["type"] for t in body["tools"]} - {"function", "namespace"} == {"web_search"}
+    assert req.params == {"max_tokens": None, "parallel_tool_calls": True} and turn.store is False
+    assert req.tool_choice == "auto" and req.reasoning is None  # reasoning {summary: auto}: the model's default
+    calls = [i for i in body["input"] if i["type"] == "function_call"]
+    outputs = [i for i in body["input"] if i["type"] == "function_call_output"]
+    assert [m for m in req.messages if m["role"] == "tool"] == [
+        {"role": "tool", "tool_call_id": o["call_id"], "content": o["output"]} for o in outputs]
+    assert [c["id"] for m in req.messages for c in m.get("tool_calls", ())] == [c["call_id"] for c in calls]
+
+
+def test_codexs_turns_share_their_prompt() -> None:
+    """Its second turn's messages begin with its first turn's: llama-server's prompt cache reuses them."""
+    first, second = (responses.read(load(p)["body"], []).req.messages for p in RECORDED
+                     if load(p)["path"] == "/v1/responses")
+    assert second[:len(first)] == first

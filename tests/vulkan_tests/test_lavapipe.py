@@ -62,7 +62,7 @@ def _reply(model: Path, binary: Path, **config: object) -> tuple[str, dict[int, 
                                  server_args=("-lv", "4"), **config))  # type: ignore[arg-type]
     try:
         text, probs = engine.chat(QUESTION).content, next_token_probs(engine)
-        log = open(engine.info.log_path, errors="replace").read()
+        log = Path(engine.info.log_path).read_text(errors="replace")
         (server,) = default().status().servers
         planned = {p["device"]: p["bytes"] for p in server.placement}
         if "Vulkan0" in planned:  # weights and KV exact, compute erring high (tests/support/memory.py)

@@ -288,13 +288,38 @@ def wait_healthy(proc: subprocess.Popen[bytes] | None, pid: int, address: Addres
 # --- identity and stopping ---------------------------------------------------------------------------------------
 
 
-# How far a process's start time, as two processes read it, may differ. psutil adds the boot time of /proc/stat
-# (whole seconds, moved when the wall clock is stepped) to the start it counts in ticks since boot, so one process
-# reads 1 s apart once that whole second flips. The suspected cause of what a loaded VM showed here once (a watchdog
-# and the gateway took a busy llama-server for gone; a second was started beside it), not confirmed: no step was
-# seen in the hour watched after. A pid reused within this of its predecessor's start (and, for a server, with our
-# marker on its command line) is no risk to meet.
-CREATE_TIME_SLACK = 2.0
+# How far a process's start time, as two processes read it, may differ: none (the kernel's clock ticks since boot on
+# Linux, a start time the kernel keeps elsewhere), plus a tick. A pid reused within this of its predecessor's start
+# (and, for a server, with our marker on its command line) is no risk to meet.
+CREATE_TIME_SLACK = 0.05
+
+_LINUX = sys.platform.startswith("linux")
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if _LINUX else 100
+
+
+def start_time(pid: int) -> float:
+    """When ``pid`` started, as the identity of a process we started (with its pid). On Linux, seconds since boot
+    from /proc/PID/stat: psutil's ``create_time`` adds the boot time as the wall clock puts it *now*, so a step of
+    the clock (NTP, a VM resumed: CI met one) moved every process's start for whoever read it after, and leases of
+    live clients were taken for dead (servers with keep_alive 0 stopped as they started). Elsewhere psutil's, which
+    the kernel keeps fixed. Raises psutil.NoSuchProcess when there is no such process."""
+    if not _LINUX:
+        return float(psutil.Process(pid).create_time())
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        raise psutil.NoSuchProcess(pid) from None
+    # pid (comm) state ppid ...: starttime is field 22; comm may hold spaces and parentheses, so count from the last ')'
+    return int(stat[stat.rindex(b")") + 2:].split()[19]) / _CLOCK_TICKS
+
+
+create_time = start_time  # the name the registry's entries and leases give it
+
+
+def from_wall_clock(t: float) -> float:
+    """A start time an older version wrote (psutil's, seconds since the epoch) as :func:`start_time` gives it."""
+    return t - psutil.boot_time() if _LINUX else t
 
 
 def process_matches(pid: int, create_time: float, marker: str | None = None) -> bool:
@@ -302,19 +327,30 @@ def process_matches(pid: int, create_time: float, marker: str | None = None) -> 
     given) has ``marker`` on its cmdline."""
     try:
         p = psutil.Process(pid)
-        if abs(p.create_time() - create_time) > CREATE_TIME_SLACK:
+        if abs(start_time(pid) - create_time) > CREATE_TIME_SLACK:
             return False
         if p.status() == psutil.STATUS_ZOMBIE:
             return False
-        if marker is not None and marker not in p.cmdline():
+        if marker is not None and marker not in _cmdline(p):
             return False
         return True
     except (psutil.Error, OSError):
         return False
 
 
-def create_time(pid: int) -> float:
-    return float(psutil.Process(pid).create_time())
+EXEC_SETTLE = 0.1  # s: how long a command line read as empty is read again (a process in the middle of its exec)
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    """``p``'s command line. Read as a process is exec'ing (the moment vfork's parent runs on, as a spawn's caller
+    does), /proc/PID/cmdline is empty: seen in make test here (test_process.py), a just-started child taken for
+    another process. It is read again for up to :data:`EXEC_SETTLE`."""
+    deadline = time.monotonic() + EXEC_SETTLE
+    while True:
+        cmd = p.cmdline()
+        if cmd or time.monotonic() > deadline:
+            return list(cmd)
+        time.sleep(0.002)
 
 
 class _Stoppable(Protocol):  # subprocess.Popen and psutil.Process both

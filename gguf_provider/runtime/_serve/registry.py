@@ -31,8 +31,10 @@ import filelock
 from .._common import paths, process
 from . import prompt_cache
 
-SCHEMA_VERSION = 2
-"""2: typed entries with ``schema_version``; 1 (no version field): the untyped dicts before it."""
+SCHEMA_VERSION = 3
+"""3: start times (an entry's ``create_time``, its leases') as :func:`.process.start_time` gives them (seconds since
+boot on Linux); 2: typed entries with ``schema_version``, psutil's start times; 1 (no version field): the untyped
+dicts before it."""
 DEFAULT_KEEP_ALIVE = 300.0  # an entry without one (the manager's default, which is what wrote it)
 
 log = logging.getLogger(__name__)
@@ -96,13 +98,15 @@ class Entry:
         known = {f.name for f in fields(cls)}
         leases = data.get("leases")
         version = data.get("schema_version")
+        # Older versions wrote psutil's start times (the wall clock's): read as ours, so their servers stay known
+        when = float if _is_int(version) and int(version) >= 3 else process.from_wall_clock
         return cls(
-            pid=int(pid), create_time=float(ctime), alias=alias,
+            pid=int(pid), create_time=when(ctime), alias=alias,
             model=_str(data.get("model")), socket=sock, url=url, api_key_file=_opt_str(data.get("api_key_file")),
             log=_str(data.get("log")), n_ctx=_int(data.get("n_ctx")),
             shared=data["shared"] if isinstance(data.get("shared"), bool) else True,
             keep_alive=float(data["keep_alive"]) if _is_num(data.get("keep_alive")) else DEFAULT_KEEP_ALIVE,
-            leases={str(k): float(v) for k, v in leases.items() if _is_num(v)} if isinstance(leases, dict) else {},
+            leases={str(k): when(v) for k, v in leases.items() if _is_num(v)} if isinstance(leases, dict) else {},
             idle_since=float(data["idle_since"]) if _is_num(data.get("idle_since")) else None,
             started_at=_float(data.get("started_at")), last_used=_float(data.get("last_used")),
             binary=_str(data.get("binary")), family=_str(data.get("family")), charge=_int(data.get("charge")),

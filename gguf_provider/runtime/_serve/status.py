@@ -133,11 +133,14 @@ def memory_budget(rows: list[ServerStatus] | None = None) -> BudgetStatus:
 
 @dataclass(frozen=True)
 class GatewayStatus:
-    """A running gateway: its process, its URL, the ids of the servers it holds now."""
+    """A running gateway: its process, its URL, the ids of the servers it holds now, the file its clients' key is in
+    ("": it takes none), its --ctx (None: fitted per model)."""
 
     pid: int
     url: str
     servers: tuple[str, ...]
+    key_file: str = ""
+    n_ctx: int | None = None
 
 
 @dataclass(frozen=True)
@@ -155,7 +158,9 @@ def status(*, live: bool = False) -> Status:
     by_pid = {g["pid"]: g["url"] for g in found}
     rows = [replace(r, gateway=by_pid[min(set(r.holders) & set(by_pid))]) if set(r.holders) & set(by_pid) else r
             for r in rows]
-    held = [GatewayStatus(g["pid"], g["url"], tuple(r.id for r in rows if g["pid"] in r.holders)) for g in found]
+    held = [GatewayStatus(g["pid"], g["url"], tuple(r.id for r in rows if g["pid"] in r.holders),
+                          str(g.get("key_file") or ""), g.get("n_ctx") if isinstance(g.get("n_ctx"), int) else None)
+            for g in found]
     return Status(rows, memory_budget(rows), held)
 
 
@@ -163,11 +168,12 @@ def _gateways_dir() -> Path:
     return paths.ensure_private_dir(paths.runtime_dir() / "gateways")
 
 
-def register_gateway(url: str) -> Path:
+def register_gateway(url: str, *, key_file: str = "", n_ctx: int | None = None) -> Path:
     """Say that this process is a gateway at ``url`` (``ps`` shows which servers it holds); a file in the private
     runtime dir, removed by :func:`unregister_gateway`, or by the next reader once the process is gone."""
     path = _gateways_dir() / f"{os.getpid()}.json"
-    path.write_text(json.dumps({"pid": os.getpid(), "create_time": process.create_time(os.getpid()), "url": url}))
+    path.write_text(json.dumps({"pid": os.getpid(), "create_time": process.create_time(os.getpid()), "url": url,
+                                "key_file": str(Path(key_file).resolve()) if key_file else "", "n_ctx": n_ctx}))
     return path
 
 

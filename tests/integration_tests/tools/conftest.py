@@ -1,5 +1,5 @@
 """A gateway for the tests with real coding tools, one for each module (the recorded requests, test_tool_fixtures.py;
-the tools themselves, test_tools_live.py), each holding Qwen2.5-Coder-0.5B in one llama-server, so that a prompt
+the tools themselves, test_tools_live.py; Codex through launch, test_codex_live.py), each holding Qwen2.5-Coder-0.5B in one llama-server, so that a prompt
 read once stays in its cache for the module's later requests. Each stops at the end of its module, which saves its
 server's idle slots into the kept home's prompt cache (runtime/_serve/prompt_cache.py): one gateway for both
 modules let the live tools' requests take over the slot of Claude Code's 24-tool prompt before the stop, and only

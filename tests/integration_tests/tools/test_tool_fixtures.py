@@ -1,6 +1,7 @@
 """The requests real coding tools sent (tests/fixtures/tools/, recorded by scripts/record_tool_requests.py: Claude
-Code 2.1.197, opencode 1.18.33, aider 0.86.2), replayed as they are against the gateway: method, path, query,
-headers and body, only ``max_tokens`` lowered so that a reply is short. Each reply is checked as its protocol says
+Code 2.1.197, opencode 1.18.33, aider 0.86.2, Codex 0.171.0), replayed as they are against the gateway: method,
+path, query, headers and body, only ``max_tokens`` (Codex's Responses requests: ``max_output_tokens``) set low so
+that a reply is short. Each reply is checked as its protocol says
 (tests/support/tool_protocol.py: the event sequence, every event validated by the anthropic / openai SDK's own
 types), with the usage the request asked for; the model's text is never looked at.
 
@@ -35,7 +36,7 @@ def load(path: Path) -> dict[str, Any]:
 
 def test_the_fixtures_are_there() -> None:
     """Each tool's requests were recorded, and Claude Code's with the shape FIELD-NOTES §14 describes."""
-    assert {p.parent.name for p in CASES} == {"claude", "opencode", "aider"}
+    assert {p.parent.name for p in CASES} == {"claude", "opencode", "aider", "codex"}
     claude = [load(p)["body"] for p in CASES if p.parent.name == "claude" and load(p)["method"] == "POST"]
     first, second = claude
     assert [m["role"] for m in first["messages"]] == ["user", "system"]  # a system message inside messages
@@ -57,6 +58,8 @@ def test_replayed_request_is_answered_in_its_protocol(tools_gw: GatewayProc, pat
     body = fixture["body"]
     if isinstance(body, dict) and "max_tokens" in body:
         body = {**body, "max_tokens": REPLY_TOKENS}
+    if fixture["path"] == "/v1/responses":  # Codex sets no bound
+        body = {**body, "max_output_tokens": REPLY_TOKENS}
     headers = {k: v for k, v in fixture["headers"].items() if k in SEND or k.startswith("x-stainless-")}
     t0 = time.monotonic()
     with httpx.Client(base_url=tools_gw.url, timeout=httpx.Timeout(10.0, read=1800.0)) as client:
@@ -81,5 +84,7 @@ def test_replayed_request_is_answered_in_its_protocol(tools_gw: GatewayProc, pat
         # the whole request reached the model: every token of it was read or found in the cache
         assert read >= 0.95 * counted.json()["input_tokens"] > 10_000, (usage, counted.json())
         assert reply.stop in ("max_tokens", "end_turn", "tool_use"), reply.stop
+    elif fixture["path"] == "/v1/responses":  # the whole request reached the model, its reply bounded
+        assert reply.stop in ("completed", "incomplete") and reply.usage["input_tokens"] > 5_000, reply
     elif (body.get("stream_options") or {}).get("include_usage") or not body.get("stream"):
         assert reply.usage["prompt_tokens"] > 0, reply.usage

@@ -177,3 +177,4 @@ def test_aider(tools_gw: GatewayProc, tmp_path: Path) -> None:
     if "notes.txt" in [n.strip() for n in edited]:
         assert (work / "notes.txt").read_text() != NOTES
     print(f"  {out.strip().splitlines()[-1][:200]!r}")
+
